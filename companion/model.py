@@ -1,0 +1,175 @@
+"""A multi-head attention layer and a tiny decoder-only language model that take any scheme.
+
+Small enough to read in one sitting (in the spirit of nanoGPT), and the model every
+experiment in the book trains: swap the ``scheme`` and nothing else changes. One scheme
+instance is shared by all layers, as T5 shares its relative bias; ``embed`` is applied once
+to the token embeddings, ``rotate``/``bias``/``score`` inside every layer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ._checks import as_positions, check_positive_int, check_tensor
+from .attention import NoPE, PositionScheme, attention
+
+__all__ = ["MultiHeadAttention", "TinyDecoder"]
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head self-attention with a position scheme (no dropout, no KV cache).
+
+    Args:
+        d_model: model width; must be a multiple of ``n_heads``.
+        n_heads: number of query heads.
+        scheme: position scheme used inside attention; ``None`` means :class:`NoPE`.
+        n_kv_heads: key/value heads for grouped-query attention (default ``n_heads``).
+        bias: whether the projections have biases.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        scheme: PositionScheme | None = None,
+        n_kv_heads: int | None = None,
+        bias: bool = False,
+    ) -> None:
+        super().__init__()
+        check_positive_int(d_model, "d_model")
+        check_positive_int(n_heads, "n_heads")
+        n_kv_heads = n_heads if n_kv_heads is None else check_positive_int(n_kv_heads, "n_kv_heads")
+        if d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be a multiple of n_heads ({n_heads})")
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.head_dim = d_model // n_heads
+        self.scheme = NoPE() if scheme is None else scheme
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def _split(self, x: Tensor, heads: int) -> Tensor:
+        b, n, _ = x.shape
+        return x.view(b, n, heads, self.head_dim).transpose(1, 2)
+
+    def forward(
+        self,
+        x: Tensor,
+        pos: Tensor | None = None,
+        *,
+        causal: bool = False,
+        attn_mask: Tensor | None = None,
+        return_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """``x``: ``(batch, seq, d_model)``; ``pos``: ``(seq,)`` or ``(batch, seq)``."""
+        check_tensor(x, "x", 3)
+        b, n, _ = x.shape
+        pos = as_positions(pos, "pos", n, b, x.device)
+        q = self._split(self.q_proj(x), self.n_heads)
+        k = self._split(self.k_proj(x), self.n_kv_heads)
+        v = self._split(self.v_proj(x), self.n_kv_heads)
+        res = attention(
+            q, k, v, self.scheme, pos, pos,
+            causal=causal, attn_mask=attn_mask, return_weights=return_weights,
+        )
+        out, weights = res if return_weights else (res, None)
+        out = self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+        return (out, weights) if return_weights else out
+
+
+class _Block(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, scheme: PositionScheme,
+                 n_kv_heads: int | None) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, n_heads, scheme, n_kv_heads)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
+
+    def forward(self, x: Tensor, pos: Tensor, attn_mask: Tensor | None) -> Tensor:
+        x = x + self.attn(self.ln1(x), pos, causal=True, attn_mask=attn_mask)
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyDecoder(nn.Module):
+    """A pre-LayerNorm decoder-only Transformer language model with a pluggable scheme.
+
+    Args:
+        vocab_size: number of token ids.
+        d_model: width of the residual stream.
+        n_heads: attention heads per layer.
+        n_layers: number of blocks.
+        scheme: position scheme shared by all layers (``None``: :class:`NoPE`).
+        d_ff: hidden width of the MLP (default ``4 * d_model``).
+        n_kv_heads: key/value heads for grouped-query attention (default ``n_heads``).
+        tie_weights: share the token embedding with the output head.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int = 64,
+        n_heads: int = 4,
+        n_layers: int = 2,
+        scheme: PositionScheme | None = None,
+        d_ff: int | None = None,
+        n_kv_heads: int | None = None,
+        tie_weights: bool = True,
+    ) -> None:
+        super().__init__()
+        check_positive_int(vocab_size, "vocab_size")
+        check_positive_int(n_layers, "n_layers")
+        self.scheme = NoPE() if scheme is None else scheme
+        self.tok = nn.Embedding(vocab_size, d_model)
+        d_ff = 4 * d_model if d_ff is None else d_ff
+        self.blocks = nn.ModuleList(
+            _Block(d_model, n_heads, d_ff, self.scheme, n_kv_heads) for _ in range(n_layers)
+        )
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        if tie_weights:
+            self.head.weight = self.tok.weight
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=0.02)
+
+    def forward(
+        self,
+        idx: Tensor,
+        position_ids: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Return next-token logits ``(batch, seq, vocab)`` for token ids ``idx`` ``(batch, seq)``.
+
+        ``position_ids`` default to ``arange(seq)``; pass ``(batch, seq)`` ids for left
+        padding, together with a boolean ``attn_mask`` of shape ``(batch, 1, 1, seq)``.
+        """
+        check_tensor(idx, "idx", 2)
+        b, n = idx.shape
+        if idx.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"idx must hold integer token ids, got dtype {idx.dtype}")
+        vocab = self.tok.num_embeddings
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= vocab):
+            raise IndexError(f"idx must lie in [0, {vocab}), got [{int(idx.min())}, {int(idx.max())}]")
+        pos = as_positions(position_ids, "position_ids", n, b, idx.device)
+        x = self.scheme.embed(self.tok(idx), pos)
+        for block in self.blocks:
+            x = block(x, pos, attn_mask)
+        return self.head(self.ln_f(x))
+
+    def loss(self, idx: Tensor, targets: Tensor, position_ids: Tensor | None = None) -> Tensor:
+        """Mean next-token cross-entropy; ``targets`` has ``idx``'s shape (-100 is ignored)."""
+        logits = self(idx, position_ids)
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)

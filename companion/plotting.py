@@ -1,0 +1,64 @@
+"""The book's shared matplotlib style.
+
+Call :func:`use_book_style` once at the top of a notebook. Figures are sized for the book's
+text width, with labelled axes, a light grid, and one colour per family of schemes so that a
+reader can follow, say, RoPE across chapters by its colour.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["SCHEME_COLORS", "use_book_style", "scheme_color"]
+
+#: One colour per family (colour-blind-safe, after Okabe and Ito).
+SCHEME_COLORS: dict[str, str] = {
+    "nope": "#7f7f7f",
+    "sinusoidal": "#0072B2",
+    "learned": "#56B4E9",
+    "shaw": "#009E73",
+    "xl": "#33a02c",
+    "t5": "#E69F00",
+    "rope": "#D55E00",
+    "alibi": "#CC79A7",
+    "scaling": "#F0E442",
+    "reference": "#000000",
+}
+
+_STYLE: dict[str, Any] = {
+    "figure.figsize": (7.0, 3.6),
+    "figure.dpi": 100,
+    "savefig.dpi": 150,
+    "savefig.bbox": "tight",
+    "font.size": 10,
+    "axes.titlesize": 11,
+    "axes.labelsize": 10,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "legend.frameon": False,
+    "lines.linewidth": 1.8,
+    "image.cmap": "viridis",
+    "figure.constrained_layout.use": True,
+    "svg.hashsalt": "companion",
+}
+
+
+def use_book_style() -> None:
+    """Apply the book's rcParams (idempotent)."""
+    import matplotlib as mpl
+
+    mpl.rcParams.update(_STYLE)
+    from cycler import cycler
+
+    order = ["rope", "sinusoidal", "alibi", "t5", "shaw", "learned", "nope", "reference"]
+    mpl.rcParams["axes.prop_cycle"] = cycler(color=[SCHEME_COLORS[k] for k in order])
+
+
+def scheme_color(name: str) -> str:
+    """The colour of a scheme family, e.g. ``scheme_color("rope")``."""
+    key = name.lower()
+    if key not in SCHEME_COLORS:
+        raise ValueError(f"unknown scheme family {name!r}; known: {sorted(SCHEME_COLORS)}")
+    return SCHEME_COLORS[key]

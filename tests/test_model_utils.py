@@ -1,0 +1,100 @@
+"""The tiny model, the attention layer, seeding, provenance and the plot style."""
+
+import json
+
+import pytest
+import torch
+
+from companion import MultiHeadAttention, NoPE, TinyDecoder, load_result, provenance, save_result, seed_everything
+from companion.plotting import SCHEME_COLORS, scheme_color, use_book_style
+
+
+def test_decoder_is_causal():
+    seed_everything(0)
+    model = TinyDecoder(vocab_size=11, d_model=16, n_heads=2, n_layers=2).eval()
+    idx = torch.randint(0, 11, (2, 9))
+    changed = idx.clone()
+    changed[:, 6:] = (changed[:, 6:] + 1) % 11
+    with torch.no_grad():
+        a, b = model(idx), model(changed)
+    torch.testing.assert_close(a[:, :6], b[:, :6])
+    assert not torch.allclose(a[:, 6:], b[:, 6:])
+
+
+def test_decoder_learns_a_copy_task():
+    seed_everything(0)
+    model = TinyDecoder(vocab_size=8, d_model=32, n_heads=2, n_layers=1)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    idx = torch.randint(0, 8, (16, 12))
+    first = None
+    for _ in range(60):
+        loss = model.loss(idx[:, :-1], idx[:, 1:])
+        first = loss.item() if first is None else first
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.5 * first
+
+
+def test_decoder_ties_weights_and_rejects_bad_ids():
+    model = TinyDecoder(vocab_size=5, d_model=8, n_heads=2, n_layers=1)
+    assert model.head.weight is model.tok.weight
+    assert isinstance(model.scheme, NoPE)
+    with pytest.raises(IndexError, match=r"idx must lie in \[0, 5\), got \[0, 5\]"):
+        model(torch.tensor([[0, 5]]))
+    with pytest.raises(TypeError, match="integer token ids"):
+        model(torch.zeros(1, 3))
+    with pytest.raises(ValueError, match="position_ids must have shape"):
+        model(torch.zeros(1, 3, dtype=torch.long), position_ids=torch.arange(4))
+
+
+def test_attention_layer_shapes_and_errors():
+    layer = MultiHeadAttention(12, 3, n_kv_heads=1)
+    x = torch.randn(2, 4, 12)
+    out, w = layer(x, causal=True, return_weights=True)
+    assert out.shape == (2, 4, 12) and w.shape == (2, 3, 4, 4)
+    assert torch.all(w.triu(1) == 0)
+    with pytest.raises(ValueError, match=r"d_model \(10\) must be a multiple of n_heads \(3\)"):
+        MultiHeadAttention(10, 3)
+    with pytest.raises(ValueError, match=r"n_heads \(4\) must be a multiple of n_kv_heads \(3\)"):
+        MultiHeadAttention(8, 4, n_kv_heads=3)
+    with pytest.raises(ValueError, match="n_heads must be >= 1"):
+        MultiHeadAttention(8, 0)
+    with pytest.raises(ValueError, match="x must have 3 dimensions"):
+        layer(torch.randn(4, 12))
+
+
+def test_seed_everything_reproduces():
+    seed_everything(123)
+    a = torch.randn(3)
+    g = seed_everything(123)
+    assert torch.equal(a, torch.randn(3))
+    assert torch.equal(torch.randn(2, generator=g), torch.randn(2, generator=torch.Generator().manual_seed(123)))
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="seed must be a non-negative int"):
+            seed_everything(bad)
+
+
+def test_result_files_carry_provenance(tmp_path):
+    path = save_result(tmp_path / "sub" / "r.json", {"x": [1, 2]}, command="python -m x")
+    payload = load_result(path)
+    assert payload["data"] == {"x": [1, 2]}
+    prov = payload["provenance"]
+    assert prov["command"] == "python -m x"
+    assert prov["torch"] == torch.__version__
+    for key in ("git_commit", "date_utc", "python", "machine", "cpu_count"):
+        assert key in prov
+    assert provenance()["command"] is None
+    (tmp_path / "bad.json").write_text(json.dumps({"x": 1}))
+    with pytest.raises(ValueError, match="is not a result file"):
+        load_result(tmp_path / "bad.json")
+
+
+def test_book_style():
+    import matplotlib as mpl
+
+    use_book_style()
+    assert mpl.rcParams["axes.grid"] is True
+    assert scheme_color("RoPE") == SCHEME_COLORS["rope"]
+    with pytest.raises(ValueError, match="unknown scheme family 'xyz'"):
+        scheme_color("xyz")
