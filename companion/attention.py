@@ -86,14 +86,17 @@ class PositionScheme(nn.Module):
         """Return a term added to the attention output (part of the ``score`` hook)."""
         return None
 
-    def hooks(self) -> tuple[str, ...]:
-        """The hooks this scheme overrides, in :data:`HOOKS` order."""
+    @classmethod
+    def hooks(cls) -> tuple[str, ...]:
+        """The hooks this scheme class overrides, in :data:`HOOKS` order.
+
+        Works on the class or an instance: ``ALiBi.hooks() == ("bias",)``.
+        """
         used = []
         for name in HOOKS:
-            own = getattr(type(self), name)
-            if own is not getattr(PositionScheme, name):
+            if getattr(cls, name) is not getattr(PositionScheme, name):
                 used.append(name)
-            elif name == "score" and type(self).score_values is not PositionScheme.score_values:
+            elif name == "score" and cls.score_values is not PositionScheme.score_values:
                 used.append(name)
         return tuple(used)
 

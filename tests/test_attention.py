@@ -230,6 +230,7 @@ def test_hooks_introspection():
     assert TableBias(2).hooks() == ("bias",)
     assert ScoreScheme(4).hooks() == ("score",)
     assert Negate().hooks() == ("rotate",)
+    assert TableBias.hooks() == ("bias",)  # also on the class
     assert "hooks=('bias',)" in repr(TableBias(2))
 
 
