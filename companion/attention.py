@@ -101,6 +101,7 @@ class PositionScheme(nn.Module):
         return tuple(used)
 
     def forward(self, *args: object, **kwargs: object) -> None:
+        """Schemes are not called directly; this raises ``TypeError`` with a pointer."""
         raise TypeError(
             f"{type(self).__name__} is a position scheme, not a layer: pass it to "
             "companion.attention(...) or call one of its hooks (embed, rotate, bias, score)"

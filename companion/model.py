@@ -24,7 +24,7 @@ class MultiHeadAttention(nn.Module):
     Args:
         d_model: model width; must be a multiple of ``n_heads``.
         n_heads: number of query heads.
-        scheme: position scheme used inside attention; ``None`` means :class:`NoPE`.
+        scheme: position scheme used inside attention; ``None`` means :class:`~companion.attention.NoPE`.
         n_kv_heads: key/value heads for grouped-query attention (default ``n_heads``).
         bias: whether the projections have biases.
     """
@@ -104,7 +104,7 @@ class TinyDecoder(nn.Module):
         d_model: width of the residual stream.
         n_heads: attention heads per layer.
         n_layers: number of blocks.
-        scheme: position scheme shared by all layers (``None``: :class:`NoPE`).
+        scheme: position scheme shared by all layers (``None``: :class:`~companion.attention.NoPE`).
         d_ff: hidden width of the MLP (default ``4 * d_model``).
         n_kv_heads: key/value heads for grouped-query attention (default ``n_heads``).
         tie_weights: share the token embedding with the output head.

@@ -1,6 +1,6 @@
 """A real headless Chromium loads the built site with the network blocked.
 
-For the home page and every chapter page it checks that MathJax typeset the formulas (the
+For the home page and every page in the table of contents it checks that MathJax typeset the formulas (the
 DOM holds ``mjx-container`` elements, every math span was converted, no raw ``$$`` is left)
 and that no asset failed to load (no failed request, no HTTP error, no console error, no
 request that tried to leave the machine). Screenshots go to ``_build/screenshots/``.
@@ -48,10 +48,11 @@ def _find_chromium() -> str | None:
     return None
 
 
-def _chapter_pages() -> list[str]:
-    """Every chapter page in the table of contents, relative to the site root."""
+def _toc_pages() -> list[str]:
+    """Every page in the table of contents, relative to the site root."""
     toc = (ROOT / "_toc.yml").read_text()
-    return [f"{m}.html" for m in re.findall(r"file:\s*(chapters/[\w\-]+)", toc)]
+    root = re.search(r"^root:\s*(\S+)", toc, re.M).group(1)
+    return [f"{m}.html" for m in [root, *re.findall(r"file:\s*(\S+)", toc)]]
 
 
 @pytest.fixture(scope="module")
@@ -125,11 +126,14 @@ def _load(browser, server: str, page_path: str, shot: str) -> dict:
         lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
     )
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    page.goto(f"{server}/{page_path}", wait_until="load")
-    page.wait_for_function(
-        "() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000
-    )
-    page.evaluate("() => MathJax.startup.promise")
+    # "networkidle" also lets the root index.html follow its redirect to the intro page.
+    page.goto(f"{server}/{page_path}", wait_until="networkidle")
+    if page.evaluate("() => document.querySelectorAll('.math').length > 0"):
+        # A page with formulas must load MathJax and finish typesetting.
+        page.wait_for_function(
+            "() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000
+        )
+        page.evaluate("() => MathJax.startup.promise")
     page.wait_for_load_state("networkidle")
     info = page.evaluate(
         """() => {
@@ -151,20 +155,22 @@ def _load(browser, server: str, page_path: str, shot: str) -> dict:
     return info
 
 
-PAGES = ["index.html", *_chapter_pages()]
+PAGES = ["index.html", *_toc_pages()]
 
 
 @pytest.mark.parametrize("page_path", PAGES)
-def test_page_typesets_math_offline(browser, server, page_path):
+def test_page_loads_offline_and_typesets_math(browser, server, page_path):
     shot = page_path.replace("/", "_").replace(".html", ".png")
     info = _load(browser, server, page_path, shot)
     assert info["problems"] == [], "\n".join(info["problems"])
-    if page_path != "index.html" or info["math_spans"]:
+    if page_path.startswith("chapters/"):
+        assert info["math_spans"] > 0, f"{page_path}: a chapter page without any formula?"
+    if info["math_spans"]:
         assert info["containers"] > 0, f"{page_path}: no mjx-container, MathJax did not typeset"
     assert info["untypeset"] == 0, f"{page_path}: {info['untypeset']} math elements left as TeX"
     assert info["raw_dollars"] == 0, f"{page_path}: raw $$ left in the rendered text"
     assert info["raw_brackets"] == 0, f"{page_path}: raw \\( or \\[ left in the rendered text"
 
 
-def test_toc_lists_chapter_one():
-    assert "chapters/01_why_position.html" in PAGES
+def test_pages_include_home_and_chapter_one():
+    assert {"index.html", "book/intro.html", "chapters/01_why_position.html"} <= set(PAGES)
