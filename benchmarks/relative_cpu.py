@@ -1,0 +1,154 @@
+"""CPU cost of relative position encodings per attention layer (chapter 4's comparison table).
+
+    python benchmarks/relative_cpu.py            # writes chapters/data/04_relative_cpu.json
+    python benchmarks/relative_cpu.py --quick    # small sizes only, prints, writes nothing
+
+One causal self-attention layer core (the reference ``companion.attention`` with each scheme)
+at batch 1, 8 heads of dim 64 (d_model 512), float32, on this machine's CPU:
+
+* peak bytes of the tensors alive during a forward pass (``peak_tensor_bytes``: every
+  storage an operator creates, freed when it dies), measured once per size;
+* wall time of a forward pass (median of a few runs), and of forward + backward at the
+  smaller sizes; ratios are to NoPE, whose attention is also what absolute encodings (which
+  act on the embeddings) pay;
+* learned parameters per layer (T5's table is per model: all layers share it).
+
+Sizes where the predicted peak (from the measured peak at the previous size, times the
+growth in L^2) would not fit in the memory available now are skipped and recorded as such.
+A separate sweep measures Shaw's naive (L, L, d) form against the efficient gather form for
+the memory figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from companion import NoPE, attention, save_result, seed_everything  # noqa: E402
+from companion.relative import ShawRelative, T5RelativeBias, TransformerXL, peak_tensor_bytes  # noqa: E402
+
+HEADS, HEAD_DIM, SHAW_K = 8, 64, 16
+
+
+def make_schemes() -> dict[str, torch.nn.Module]:
+    return {
+        "NoPE": NoPE(),
+        "Shaw": ShawRelative(HEAD_DIM, SHAW_K, init_std=0.1),
+        "Shaw (naive)": ShawRelative(HEAD_DIM, SHAW_K, naive=True, init_std=0.1),
+        "Transformer-XL": TransformerXL(HEADS, HEAD_DIM),
+        "T5 bias": T5RelativeBias(HEADS, 32, 128, bidirectional=False),
+    }
+
+
+def qkv(length: int, grad: bool = False) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(length)
+    return [torch.randn(1, HEADS, length, HEAD_DIM, generator=g).requires_grad_(grad) for _ in range(3)]
+
+
+def mem_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def peak_bytes(scheme: torch.nn.Module, length: int) -> int:
+    q, k, v = qkv(length)
+    with torch.no_grad():
+        peak, _ = peak_tensor_bytes(attention, q, k, v, scheme, causal=True)
+    return peak
+
+
+def time_forward(scheme: torch.nn.Module, length: int, reps: int) -> float:
+    q, k, v = qkv(length)
+    times = []
+    with torch.no_grad():
+        attention(q, k, v, scheme, causal=True)  # warm-up
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            attention(q, k, v, scheme, causal=True)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def time_train_step(scheme: torch.nn.Module, length: int, reps: int) -> float:
+    q, k, v = qkv(length, grad=True)
+    times = []
+    for i in range(reps + 1):
+        t0 = time.perf_counter()
+        attention(q, k, v, scheme, causal=True).square().mean().backward()
+        if i:  # the first run is a warm-up
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes, print only")
+    ap.add_argument("--out", default=str(ROOT / "chapters" / "data" / "04_relative_cpu.json"))
+    args = ap.parse_args(argv)
+    seed_everything(0)
+    lengths = [128, 256] if args.quick else [512, 2048, 8192]
+    shaw_lengths = [64, 128, 256] if args.quick else [128, 256, 512, 1024, 2048]
+    schemes = make_schemes()
+    params = {
+        name: sum(p.numel() for p in s.parameters()) for name, s in schemes.items()
+    }
+    rows = []
+    for name, scheme in schemes.items():
+        prev = None
+        for length in lengths:
+            row: dict = {"scheme": name, "L": length}
+            predicted = None if prev is None else prev[1] * (length / prev[0]) ** 2
+            if predicted is not None and predicted > 0.6 * mem_available():
+                row.update(skipped=f"predicted peak {predicted / 2**30:.1f} GiB exceeds 60% of the "
+                                   f"{mem_available() / 2**30:.1f} GiB available")
+                rows.append(row)
+                print(name, length, "skipped", flush=True)
+                continue
+            row["peak_bytes"] = peak_bytes(scheme, length)
+            prev = (length, row["peak_bytes"])
+            reps = 5 if length <= 512 else (3 if length <= 2048 else 2)
+            row["forward_s"] = time_forward(scheme, length, reps)
+            if length <= 2048:
+                row["train_step_s"] = time_train_step(scheme, length, max(reps - 2, 1))
+            rows.append(row)
+            print(name, length, {k: v for k, v in row.items() if k not in ("scheme", "L")}, flush=True)
+    base = {r["L"]: r for r in rows if r["scheme"] == "NoPE"}
+    for r in rows:
+        b = base.get(r["L"], {})
+        for key in ("forward_s", "train_step_s", "peak_bytes"):
+            if key in r and key in b:
+                r[key.replace("_s", "") + "_ratio_to_nope"] = r[key] / b[key]
+    shaw = []
+    for length in shaw_lengths:
+        entry = {"L": length}
+        for name in ("NoPE", "Shaw", "Shaw (naive)"):
+            entry[name] = peak_bytes(schemes[name], length)
+        shaw.append(entry)
+        print("memory", entry, flush=True)
+    data = {
+        "config": {"batch": 1, "heads": HEADS, "head_dim": HEAD_DIM, "shaw_max_distance": SHAW_K,
+                   "t5_num_buckets": 32, "t5_max_distance": 128, "xl_d_r": HEADS * HEAD_DIM,
+                   "dtype": "float32", "causal": True, "threads": torch.get_num_threads()},
+        "params_per_layer": params,
+        "layer": rows,
+        "shaw_memory": shaw,
+    }
+    if args.quick:
+        return 0
+    path = save_result(args.out, data, command="python benchmarks/relative_cpu.py")
+    print("wrote", path.relative_to(ROOT))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

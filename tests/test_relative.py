@@ -1,0 +1,468 @@
+"""Relative position encodings: Shaw et al., Transformer-XL (rel_shift) and T5 buckets."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+from companion import TinyDecoder, attention
+from companion.relative import (
+    ShawRelative,
+    T5RelativeBias,
+    TransformerXL,
+    peak_tensor_bytes,
+    rel_shift,
+    relative_positions,
+    shaw_relative_index,
+    shaw_score,
+    shaw_score_naive,
+    shaw_values,
+    shaw_values_naive,
+    sinusoidal_relative_table,
+    t5_relative_position_bucket,
+    transformer_xl_score,
+)
+
+
+def rand(*shape, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=dtype)
+
+
+# ============================================================================ T5 buckets
+
+
+def t5_bucket_scalar(relative_position, bidirectional, num_buckets, max_distance):
+    """Plain-Python transcription of mesh-tensorflow's _relative_position_bucket (one int)."""
+    n = -relative_position
+    bucket = 0
+    if bidirectional:
+        num_buckets //= 2
+        if n < 0:
+            bucket += num_buckets
+        n = abs(n)
+    else:
+        n = max(n, 0)
+    max_exact = num_buckets // 2
+    if n < max_exact:
+        return bucket + n
+    large = max_exact + int(math.log(n / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact))
+    return bucket + min(large, num_buckets - 1)
+
+
+@pytest.mark.parametrize("num_buckets", [32, 128])
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_t5_buckets_match_original_for_every_distance(num_buckets, bidirectional):
+    rel = torch.arange(-4096, 4097)
+    ours = t5_relative_position_bucket(rel, bidirectional, num_buckets, 128).tolist()
+    ref = [t5_bucket_scalar(r, bidirectional, num_buckets, 128) for r in range(-4096, 4097)]
+    mismatches = [(r, a, b) for r, a, b in zip(range(-4096, 4097), ours, ref) if a != b]
+    assert not mismatches, mismatches[:10]
+
+
+def test_t5_buckets_known_values():
+    # T5 defaults: 32 buckets, max_distance 128; 16 buckets per direction, 8 exact.
+    b = lambda r, bd=True: int(t5_relative_position_bucket(torch.tensor(r), bd))  # noqa: E731
+    assert [b(r) for r in (0, -1, -7, -8, -15, -16, -127, -128, -10**6)] == [0, 1, 7, 8, 9, 10, 15, 15, 15]
+    assert [b(r) for r in (1, 7, 8, 16, 128)] == [17, 23, 24, 26, 31]
+    assert [b(r, False) for r in (5, 0, -1, -15, -16, -32, -127, -128)] == [0, 0, 1, 15, 16, 21, 31, 31]
+    assert t5_relative_position_bucket(torch.tensor([-3], dtype=torch.int32)).dtype == torch.int64
+
+
+@given(
+    bidirectional=st.booleans(),
+    num_buckets=st.integers(4, 300),
+    extra=st.integers(1, 2000),
+    rel=st.lists(st.integers(-10**7, 10**7), min_size=1, max_size=40),
+)
+def test_t5_buckets_match_scalar_for_random_configs(bidirectional, num_buckets, extra, rel):
+    max_exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
+    max_distance = max_exact + extra
+    ours = t5_relative_position_bucket(torch.tensor(rel), bidirectional, num_buckets, max_distance).tolist()
+    assert ours == [t5_bucket_scalar(r, bidirectional, num_buckets, max_distance) for r in rel]
+
+
+@given(
+    bidirectional=st.booleans(),
+    num_buckets=st.sampled_from([4, 8, 32, 33, 64, 128, 320]),
+    max_distance=st.integers(200, 5000),
+    sign=st.sampled_from([-1, 1]),
+    a=st.integers(0, 20000),
+    b=st.integers(0, 20000),
+)
+def test_t5_buckets_monotone_in_distance_and_in_range(bidirectional, num_buckets, max_distance, sign, a, b):
+    lo, hi = min(a, b), max(a, b)
+    buckets = t5_relative_position_bucket(torch.tensor([sign * lo, sign * hi]), bidirectional,
+                                          num_buckets, max_distance)
+    assert 0 <= int(buckets.min()) and int(buckets.max()) < num_buckets
+    assert buckets[0] <= buckets[1]  # farther on the same side never gets a smaller bucket
+    if bidirectional:
+        half = num_buckets // 2
+        assert all((x >= half) == (r > 0) for x, r in zip(buckets.tolist(), (sign * lo, sign * hi)))
+    elif sign > 0:
+        assert buckets.tolist() == [0, 0]  # causal: every future key shares bucket 0
+
+
+def test_t5_bias_shapes_and_values():
+    torch.manual_seed(0)
+    s = T5RelativeBias(num_heads=4, num_buckets=32, max_distance=128, bidirectional=True)
+    q_pos, k_pos = torch.arange(3, 8), torch.arange(9)
+    out = s.bias(q_pos, k_pos)
+    assert out.shape == (4, 5, 9)
+    buckets = t5_relative_position_bucket(k_pos[None, :] - q_pos[:, None])
+    torch.testing.assert_close(out, s.table[buckets].permute(2, 0, 1))
+    per_row = torch.stack([q_pos, q_pos + 2])
+    out2 = s.bias(per_row, torch.stack([k_pos, k_pos + 2]))
+    assert out2.shape == (2, 4, 5, 9)
+    torch.testing.assert_close(out2[0], out)
+    torch.testing.assert_close(out2[1], out)  # shifting both by 2 changes nothing
+    assert s.bias(per_row, k_pos).shape == (2, 4, 5, 9)
+    assert s.table.shape == (32, 4) and s.table is s.relative_attention_bias.weight
+    assert s.hooks() == ("bias",)
+
+
+def test_t5_bias_as_blockwise_bias_fn():
+    """Slicing positions into blocks gives the matching slices of the full bias."""
+    s = T5RelativeBias(3, bidirectional=False)
+    pos = torch.arange(40)
+    full = s.bias(pos, pos)
+    for i0 in range(0, 40, 16):
+        for j0 in range(0, 40, 16):
+            blk = s.bias(pos[i0:i0 + 16], pos[j0:j0 + 16])
+            torch.testing.assert_close(blk, full[:, i0:i0 + 16, j0:j0 + 16])
+
+
+def test_t5_attention_matches_sdpa_with_scale_one():
+    s = T5RelativeBias(3).double()
+    q, k, v = (rand(2, 3, 6, 8, seed=i) for i in range(3))
+    pos = torch.arange(6)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=s.bias(pos, pos), scale=1.0)
+    torch.testing.assert_close(attention(q, k, v, s, scale=1.0), ref)
+
+
+def test_t5_bias_is_shared_across_layers():
+    torch.manual_seed(0)
+    s = T5RelativeBias(4, bidirectional=False)
+    base = sum(p.numel() for p in TinyDecoder(50, 32, 4, n_layers=3).parameters())
+    model = TinyDecoder(50, 32, 4, n_layers=3, scheme=s)
+    assert sum(p.numel() for p in model.parameters()) == base + 32 * 4  # once, not per layer
+    assert all(b.attn.scheme is s for b in model.blocks)
+    idx = torch.randint(0, 50, (2, 12))
+    model.loss(idx[:, :-1], idx[:, 1:]).backward()
+    assert s.table.grad is not None and s.table.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, message",
+    [
+        (dict(max_distance=-5), ValueError, r"max_distance must be >= 1, got -5"),
+        (dict(max_distance=0), ValueError, r"max_distance must be >= 1, got 0"),
+        (dict(num_buckets=3), ValueError, r"num_buckets must be >= 4 for bidirectional=True"),
+        (dict(num_buckets=1, bidirectional=False), ValueError, r"num_buckets must be >= 2 for bidirectional=False"),
+        (dict(num_buckets=64, max_distance=16), ValueError, r"max_distance \(16\) must exceed the exact region, max_exact = 16"),
+        (dict(num_buckets=32.0), TypeError, "num_buckets must be an int"),
+        (dict(bidirectional=1), TypeError, "bidirectional must be a bool"),
+    ],
+)
+def test_t5_bad_arguments(kwargs, exc, message):
+    with pytest.raises(exc, match=message):
+        t5_relative_position_bucket(torch.arange(3), **kwargs)
+    if "bidirectional" not in kwargs or isinstance(kwargs["bidirectional"], bool):
+        with pytest.raises(exc, match=message):
+            T5RelativeBias(2, **kwargs)
+
+
+def test_t5_rejects_float_positions():
+    with pytest.raises(TypeError, match="relative_position must hold integers"):
+        t5_relative_position_bucket(torch.tensor([1.0]))
+    with pytest.raises(TypeError, match="q_pos must hold integers"):
+        T5RelativeBias(2).bias(torch.arange(3.0), torch.arange(3))
+
+
+# ============================================================================ Shaw
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+@pytest.mark.parametrize("per_head", [False, True])
+def test_shaw_efficient_equals_naive(per_row, per_head):
+    b, h, lq, lk, d, K = 2, 3, 7, 10, 5, 3
+    q, w = rand(b, h, lq, d, seed=1), rand(b, h, lq, lk, seed=2).softmax(-1)
+    shape = (h, 2 * K + 1, d) if per_head else (2 * K + 1, d)
+    tk, tv = rand(*shape, seed=3), rand(*shape, seed=4)
+    q_pos, k_pos = torch.arange(3, 3 + lq), torch.arange(lk)
+    if per_row:
+        q_pos, k_pos = torch.stack([q_pos, q_pos * 2]), torch.stack([k_pos, k_pos.flip(0)])
+    idx = shaw_relative_index(q_pos, k_pos, K)
+    torch.testing.assert_close(shaw_score(q, tk, idx), shaw_score_naive(q, tk, idx))
+    torch.testing.assert_close(shaw_values(w, tv, idx), shaw_values_naive(w, tv, idx))
+
+
+def test_shaw_index_clips_both_ways():
+    idx = shaw_relative_index(torch.arange(6), torch.arange(6), 2)
+    assert idx[0].tolist() == [2, 3, 4, 4, 4, 4] and idx[5].tolist() == [0, 0, 0, 0, 1, 2]
+
+
+def test_shaw_attention_matches_the_paper_formula():
+    """e_ij = q_i.(k_j + a^K_ij)/sqrt(d), z_i = sum_j a_ij (v_j + a^V_ij), written as loops."""
+    torch.manual_seed(0)
+    s = ShawRelative(4, max_distance=2, init_std=1.0).double()
+    q, k, v = (rand(1, 2, 5, 4, seed=i) for i in range(3))
+    out = attention(q, k, v, s, causal=True)
+    ref = torch.zeros_like(out)
+    for h in range(2):
+        for i in range(5):
+            rel = [max(-2, min(2, j - i)) + 2 for j in range(i + 1)]
+            e = torch.stack([q[0, h, i] @ (k[0, h, j] + s.table_k[r]) for j, r in zip(range(i + 1), rel)]) / 2.0
+            a = e.softmax(0)
+            ref[0, h, i] = sum(a[j] * (v[0, h, j] + s.table_v[r]) for j, r in zip(range(i + 1), rel))
+    torch.testing.assert_close(out, ref)
+
+
+def test_shaw_scheme_naive_and_efficient_agree_with_gradients():
+    torch.manual_seed(0)
+    fast = ShawRelative(8, max_distance=3, init_std=0.5).double()
+    slow = ShawRelative(8, max_distance=3, naive=True).double()
+    slow.load_state_dict(fast.state_dict())
+    q, k, v = (rand(2, 2, 9, 8, seed=i).requires_grad_() for i in range(3))
+    outs = []
+    for s in (fast, slow):
+        out = attention(q, k, v, s, causal=True)
+        grads = torch.autograd.grad(out.square().sum(), [q, s.table_k, s.table_v])
+        outs.append((out, *grads))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b)
+    assert fast.hooks() == ("score",)
+
+
+def test_shaw_gradcheck():
+    s = ShawRelative(3, max_distance=2, init_std=0.5).double()
+    q = rand(1, 2, 4, 3, seed=5).requires_grad_()
+    w = rand(1, 2, 4, 6, seed=6).softmax(-1).requires_grad_()
+    idx = shaw_relative_index(torch.arange(2, 6), torch.arange(6), 2)
+    assert torch.autograd.gradcheck(lambda a, t: shaw_score(a, t, idx), (q, s.table_k))
+    assert torch.autograd.gradcheck(lambda a, t: shaw_values(a, t, idx), (w, s.table_v))
+
+
+def test_shaw_bad_input():
+    with pytest.raises(ValueError, match="max_distance must be >= 1, got -1"):
+        ShawRelative(8, max_distance=-1)
+    with pytest.raises(ValueError, match="max_distance must be >= 1, got -3"):
+        shaw_relative_index(torch.arange(3), torch.arange(3), -3)
+    with pytest.raises(ValueError, match="q head_dim 4 must equal the scheme's head_dim 8"):
+        attention(*(torch.zeros(1, 1, 3, 4) for _ in range(3)), ShawRelative(8))
+    with pytest.raises(ValueError, match=r"table_k must have shape \(2K\+1, head_dim\)"):
+        shaw_score(torch.zeros(1, 1, 3, 4), torch.zeros(5, 3), torch.zeros(3, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="per-row batch sizes must match"):
+        relative_positions(torch.zeros(2, 3, dtype=torch.long), torch.zeros(3, 3, dtype=torch.long))
+
+
+# ============================================================================ rel_shift
+
+
+def rel_shift_reference(x):
+    """Index-level statement of rel_shift, including the spill-over of the reshape."""
+    q, w = x.shape[-2:]
+    out = torch.empty_like(x)
+    for i in range(q):
+        for j in range(w):
+            c = q + j - i  # column in the zero-padded row i (column 0 is the pad)
+            row = i
+            if c > w:  # past the end of row i: the reshape reads on into row i + 1
+                c -= w + 1
+                row += 1
+            out[..., i, j] = 0.0 if c == 0 else x[..., row, c - 1]
+    return out
+
+
+def test_rel_shift_exhaustive_small_sizes():
+    """All q_len 1..12 and memory 0..12 (width q_len + memory), as XL uses it, and the gather."""
+    for q in range(1, 13):
+        for mem in range(13):
+            w = q + mem
+            x = torch.arange(2 * q * w, dtype=torch.float64).view(2, q, w) + 1
+            y = rel_shift(x)
+            torch.testing.assert_close(y, rel_shift_reference(x), rtol=0, atol=0)
+            i = torch.arange(q)[:, None]
+            j = torch.arange(w)[None, :]
+            valid = j <= i + mem
+            gathered = x.gather(-1, (j + q - 1 - i).clamp(0, w - 1).expand(2, q, w))
+            assert torch.equal(y[:, valid], gathered[:, valid])
+            # the distance it recovers: column c of XL's table holds distance w - 1 - c
+            dist = (w - 1 - (j + q - 1 - i))
+            assert torch.equal(dist.expand(q, w)[valid], (mem + i - j).expand(q, w)[valid])
+
+
+def test_rel_shift_wider_tables_and_bad_input():
+    for q in range(1, 6):
+        for w in range(q, q + 8):
+            x = rand(3, q, w, seed=q * 10 + w)
+            torch.testing.assert_close(rel_shift(x), rel_shift_reference(x), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="at least 2 dimensions"):
+        rel_shift(torch.zeros(4))
+
+
+# ============================================================================ Transformer-XL
+
+
+def test_sinusoidal_relative_table_layout():
+    d = torch.tensor([5, 0, -2])
+    table = sinusoidal_relative_table(d, 8)
+    inv_freq = 1 / (10000 ** (torch.arange(0.0, 8, 2.0) / 8))  # the authors' float32 form
+    ang = d.float()[:, None] * inv_freq[None]
+    torch.testing.assert_close(table, torch.cat([ang.sin(), ang.cos()], -1), rtol=1e-6, atol=1e-6)
+    assert table.dtype == torch.float32
+    with pytest.raises(ValueError, match="dim must be even"):
+        sinusoidal_relative_table(d, 7)
+    with pytest.raises(TypeError, match="distances must be a 1-D integer tensor"):
+        sinusoidal_relative_table(torch.tensor([1.5]), 8)
+
+
+def xl_reference(q, k, s, q_pos, k_pos):
+    """The four terms of Dai et al., one (i, j) at a time: returns terms (b)+(c)+(d)."""
+    b, h, lq, _ = q.shape
+    lk = k.shape[2]
+    out = torch.zeros(b, h, lq, lk, dtype=q.dtype)
+    for i in range(lq):
+        for j in range(lk):
+            dist = int(q_pos[i] - k_pos[j])
+            if dist < 0 and not s.bidirectional:
+                out[:, :, i, j] = (k[:, :, j] * s.u).sum(-1)
+                continue
+            r = s.relative_keys(torch.tensor([dist]))[:, 0]  # (h, d)
+            out[:, :, i, j] = ((q[:, :, i] + s.v) * r).sum(-1) + (k[:, :, j] * s.u).sum(-1)
+    return out
+
+
+@pytest.mark.parametrize("mem", [0, 1, 3])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_xl_score_matches_four_term_formula(mem, bidirectional):
+    torch.manual_seed(0)
+    s = TransformerXL(2, 4, d_r=6, bidirectional=bidirectional, init_std=1.0).double()
+    lq = 5
+    q, k = rand(2, 2, lq, 4, seed=1), rand(2, 2, lq + mem, 4, seed=2)
+    q_pos, k_pos = torch.arange(mem, mem + lq), torch.arange(lq + mem)
+    torch.testing.assert_close(s.score(q, k, q_pos, k_pos), xl_reference(q, k, s, q_pos, k_pos))
+    assert s.hooks() == ("score",)
+
+
+@given(lq=st.integers(1, 9), lk=st.integers(1, 9), q0=st.integers(-4, 12), k0=st.integers(0, 6),
+       bidirectional=st.booleans())
+def test_xl_shift_path_equals_gather_path(lq, lk, q0, k0, bidirectional):
+    torch.manual_seed(0)
+    s = TransformerXL(2, 4, bidirectional=bidirectional, init_std=1.0).double()
+    q, k = rand(2, 2, lq, 4, seed=lq), rand(2, 2, lk, 4, seed=lk + 20)
+    q_pos, k_pos = torch.arange(q0, q0 + lq), torch.arange(k0, k0 + lk)
+    fast = s.score(q, k, q_pos, k_pos)
+    slow = s._score_gather(q, k, q_pos.expand(2, lq), k_pos.expand(2, lk))
+    torch.testing.assert_close(fast, slow)
+
+
+def test_xl_per_row_positions_left_padding():
+    torch.manual_seed(0)
+    s = TransformerXL(2, 4, init_std=1.0).double()
+    q, k = rand(2, 2, 6, 4, seed=1), rand(2, 2, 6, 4, seed=2)
+    pos = torch.tensor([[0, 1, 2, 3, 4, 5], [0, 0, 0, 1, 2, 3]])
+    both = s.score(q, k, pos, pos)
+    torch.testing.assert_close(both[0:1], s.score(q[0:1], k[0:1], pos[0], pos[0]))
+    torch.testing.assert_close(both[1:2, :, 2:, 2:], s.score(q[1:2, :, 2:], k[1:2, :, 2:], pos[1, 2:], pos[1, 2:]))
+
+
+def test_xl_function_equals_scheme_and_memory_recurrence():
+    torch.manual_seed(0)
+    s = TransformerXL(2, 4, init_std=1.0).double()
+    lq, mem = 5, 4
+    q, k, v = rand(1, 2, lq, 4, seed=1), rand(1, 2, lq + mem, 4, seed=2), rand(1, 2, lq + mem, 4, seed=3)
+    r = s.relative_keys(torch.arange(lq + mem - 1, -1, -1))
+    direct = transformer_xl_score(q, k, r, s.u, s.v, mem_len=mem)
+    torch.testing.assert_close(direct, s.score(q, k, torch.arange(mem, mem + lq), torch.arange(lq + mem)))
+    # a segment with a memory of cached keys equals the last rows of the unsegmented sequence
+    q_all = torch.cat([rand(1, 2, mem, 4, seed=9), q], dim=2)
+    full = attention(q_all, k, v, s, causal=True)
+    seg = attention(q, k, v, s, causal=True)  # default q_pos: the last lq key positions
+    torch.testing.assert_close(seg, full[:, :, mem:])
+
+
+def test_xl_bad_input():
+    q, k = torch.zeros(1, 2, 4, 3), torch.zeros(1, 2, 6, 3)
+    r, u = torch.zeros(2, 6, 3), torch.zeros(2, 3)
+    with pytest.raises(ValueError, match=r"k_len \(6\) must equal q_len \(4\) when mem_len is not given"):
+        transformer_xl_score(q, k, r, u, u)
+    with pytest.raises(ValueError, match=r"k_len \(6\) must equal q_len \+ mem_len = 4 \+ 1"):
+        transformer_xl_score(q, k, r, u, u, mem_len=1)
+    with pytest.raises(ValueError, match="mem_len must be a non-negative int"):
+        transformer_xl_score(q, k, r, u, u, mem_len=-2)
+    with pytest.raises(ValueError, match=r"r must have shape \(heads, k_len, head_dim\)"):
+        transformer_xl_score(q, k, r[:, :5], u, u, mem_len=2)
+    with pytest.raises(ValueError, match="d_r must be even"):
+        TransformerXL(2, 3, d_r=5)
+    with pytest.raises(ValueError, match="q must have 2 heads of dim 3"):
+        TransformerXL(2, 3).score(torch.zeros(1, 2, 4, 5), torch.zeros(1, 2, 4, 5), torch.arange(4), torch.arange(4))
+
+
+# ============================================================================ all schemes
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ShawRelative(8, 4, init_std=0.5),
+    lambda: TransformerXL(2, 8, init_std=0.5),
+    lambda: T5RelativeBias(2, bidirectional=False),
+])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_inputs(make, dtype):
+    torch.manual_seed(0)
+    s = make()
+    q, k, v = (rand(1, 2, 7, 8, dtype=torch.float32, seed=i) for i in range(3))
+    ref = attention(q, k, v, s, causal=True)
+    out = attention(q.to(dtype), k.to(dtype), v.to(dtype), s, causal=True)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ShawRelative(8, 4),
+    lambda: TransformerXL(4, 8),
+    lambda: T5RelativeBias(4, bidirectional=False),
+])
+def test_schemes_train_inside_tiny_decoder(make):
+    torch.manual_seed(0)
+    model = TinyDecoder(20, 32, 4, n_layers=2, scheme=make())
+    idx = torch.randint(0, 20, (2, 10))
+    loss = model.loss(idx[:, :-1], idx[:, 1:])
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None for p in model.scheme.parameters())
+
+
+def test_relative_schemes_are_translation_invariant():
+    """Shifting every position by the same amount leaves each scheme's output unchanged."""
+    torch.manual_seed(0)
+    q, k, v = (rand(1, 2, 6, 8, seed=i) for i in range(3))
+    for s in (ShawRelative(8, 2, init_std=1.0), TransformerXL(2, 8, init_std=1.0),
+              T5RelativeBias(2, bidirectional=False)):
+        s = s.double()
+        a = attention(q, k, v, s, torch.arange(6), torch.arange(6), causal=True)
+        b = attention(q, k, v, s, torch.arange(100, 106), torch.arange(100, 106), causal=True)
+        torch.testing.assert_close(a, b)
+
+
+# ============================================================================ measurement
+
+
+def test_peak_tensor_bytes_counts_live_storages():
+    x = torch.zeros(1000)
+
+    def work():
+        a = torch.ones(1000)  # 4000 bytes
+        b = torch.ones(2000)  # + 8000 = 12000 alive together
+        del a, b
+        c = torch.ones(500)  # both freed: the peak stays 12000
+        return x.view(10, 100).t() + 0 + c.sum()  # a view of an input costs nothing
+
+    peak, out = peak_tensor_bytes(work)
+    assert out.shape == (100, 10)
+    assert peak == 12000
+    peak_view, _ = peak_tensor_bytes(lambda: x.view(10, 100).t())
+    assert peak_view == 0
