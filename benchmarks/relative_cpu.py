@@ -8,8 +8,8 @@ at batch 1, 8 heads of dim 64 (d_model 512), float32, on this machine's CPU:
 
 * peak bytes of the tensors alive during a forward pass (``peak_tensor_bytes``: every
   storage an operator creates, freed when it dies), measured once per size;
-* wall time of a forward pass (median of a few runs), and of forward + backward at the
-  smaller sizes; ratios are to NoPE, whose attention is also what absolute encodings (which
+* wall time of a forward pass (the best of a few runs, as ``timeit`` advises on a shared
+  machine), and of forward + backward at the smaller sizes; ratios are to NoPE, whose attention is also what absolute encodings (which
   act on the embeddings) pay;
 * learned parameters per layer (T5's table is per model: all layers share it).
 
@@ -22,7 +22,6 @@ the memory figure.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -76,7 +75,7 @@ def time_forward(scheme: torch.nn.Module, length: int, reps: int) -> float:
             t0 = time.perf_counter()
             attention(q, k, v, scheme, causal=True)
             times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times)
 
 
 def time_train_step(scheme: torch.nn.Module, length: int, reps: int) -> float:
@@ -87,7 +86,7 @@ def time_train_step(scheme: torch.nn.Module, length: int, reps: int) -> float:
         attention(q, k, v, scheme, causal=True).square().mean().backward()
         if i:  # the first run is a warm-up
             times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             row["peak_bytes"] = peak_bytes(scheme, length)
             prev = (length, row["peak_bytes"])
-            reps = 5 if length <= 512 else (3 if length <= 2048 else 2)
+            reps = 7 if length <= 512 else (4 if length <= 2048 else 2)
             row["forward_s"] = time_forward(scheme, length, reps)
             if length <= 2048:
                 row["train_step_s"] = time_train_step(scheme, length, max(reps - 2, 1))
