@@ -8,8 +8,9 @@ at batch 1, 8 heads of dim 64 (d_model 512), float32, on this machine's CPU:
 
 * peak bytes of the tensors alive during a forward pass (``peak_tensor_bytes``: every
   storage an operator creates, freed when it dies), measured once per size;
-* wall time of a forward pass (the best of a few runs, as ``timeit`` advises on a shared
-  machine), and of forward + backward at the smaller sizes; ratios are to NoPE, whose attention is also what absolute encodings (which
+* wall time of a forward pass, and of forward + backward at the smaller sizes: the best of a
+  few runs (as ``timeit`` advises), one thread, the schemes interleaved so that load from
+  other processes on a shared machine hits them alike; ratios are to NoPE, whose attention is also what absolute encodings (which
   act on the embeddings) pay;
 * learned parameters per layer (T5's table is per model: all layers share it).
 
@@ -66,34 +67,40 @@ def peak_bytes(scheme: torch.nn.Module, length: int) -> int:
     return peak
 
 
-def time_forward(scheme: torch.nn.Module, length: int, reps: int) -> float:
-    q, k, v = qkv(length)
-    times = []
+def forward_once(scheme: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> float:
     with torch.no_grad():
-        attention(q, k, v, scheme, causal=True)  # warm-up
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            attention(q, k, v, scheme, causal=True)
-            times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-def time_train_step(scheme: torch.nn.Module, length: int, reps: int) -> float:
-    q, k, v = qkv(length, grad=True)
-    times = []
-    for i in range(reps + 1):
         t0 = time.perf_counter()
-        attention(q, k, v, scheme, causal=True).square().mean().backward()
-        if i:  # the first run is a warm-up
-            times.append(time.perf_counter() - t0)
-    return min(times)
+        attention(q, k, v, scheme, causal=True)
+        return time.perf_counter() - t0
+
+
+def train_step_once(scheme: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> float:
+    t0 = time.perf_counter()
+    attention(q, k, v, scheme, causal=True).square().mean().backward()
+    return time.perf_counter() - t0
+
+
+def best_times(schemes: dict[str, torch.nn.Module], length: int, reps: int, train: bool) -> dict[str, float]:
+    """Best-of-``reps`` wall time per scheme, the schemes interleaved round-robin so that a
+    burst of load from other processes hits all of them alike (one warm-up round first)."""
+    q, k, v = qkv(length, grad=train)
+    once = train_step_once if train else forward_once
+    best = {name: float("inf") for name in schemes}
+    for rnd in range(reps + 1):
+        for name, scheme in schemes.items():
+            t = once(scheme, q, k, v)
+            if rnd:
+                best[name] = min(best[name], t)
+    return best
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes, print only")
     ap.add_argument("--out", default=str(ROOT / "chapters" / "data" / "04_relative_cpu.json"))
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
     args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
     seed_everything(0)
     lengths = [128, 256] if args.quick else [512, 2048, 8192]
     shaw_lengths = [64, 128, 256] if args.quick else [128, 256, 512, 1024, 2048]
@@ -102,31 +109,36 @@ def main(argv: list[str] | None = None) -> int:
         name: sum(p.numel() for p in s.parameters()) for name, s in schemes.items()
     }
     rows = []
-    for name, scheme in schemes.items():
-        prev = None
-        for length in lengths:
+    limit = {name: None for name in schemes}  # (L, peak) of the last size measured
+    for length in lengths:
+        todo = {}
+        for name, scheme in schemes.items():
             row: dict = {"scheme": name, "L": length}
+            prev = limit[name]
             predicted = None if prev is None else prev[1] * (length / prev[0]) ** 2
             if predicted is not None and predicted > 0.6 * mem_available():
-                row.update(skipped=f"predicted peak {predicted / 2**30:.1f} GiB exceeds 60% of the "
-                                   f"{mem_available() / 2**30:.1f} GiB available")
-                rows.append(row)
-                print(name, length, "skipped", flush=True)
-                continue
-            row["peak_bytes"] = peak_bytes(scheme, length)
-            prev = (length, row["peak_bytes"])
-            reps = 7 if length <= 512 else (4 if length <= 2048 else 2)
-            row["forward_s"] = time_forward(scheme, length, reps)
-            if length <= 2048:
-                row["train_step_s"] = time_train_step(scheme, length, max(reps - 2, 1))
+                row["skipped"] = (f"predicted peak {predicted / 2**30:.1f} GiB exceeds 60% of the "
+                                  f"{mem_available() / 2**30:.1f} GiB available")
+            else:
+                row["peak_bytes"] = peak_bytes(scheme, length)
+                limit[name] = (length, row["peak_bytes"])
+                todo[name] = scheme
             rows.append(row)
-            print(name, length, {k: v for k, v in row.items() if k not in ("scheme", "L")}, flush=True)
+        reps = 7 if length <= 512 else (3 if length <= 2048 else 2)
+        fwd = best_times(todo, length, reps, train=False)
+        train = best_times(todo, length, max(reps - 2, 1), train=True) if length <= 2048 else {}
+        for row in rows[-len(schemes):]:
+            if row["scheme"] in fwd:
+                row["forward_s"] = fwd[row["scheme"]]
+            if row["scheme"] in train:
+                row["train_step_s"] = train[row["scheme"]]
+            print(row, flush=True)
     base = {r["L"]: r for r in rows if r["scheme"] == "NoPE"}
     for r in rows:
         b = base.get(r["L"], {})
         for key in ("forward_s", "train_step_s", "peak_bytes"):
             if key in r and key in b:
-                r[key.replace("_s", "") + "_ratio_to_nope"] = r[key] / b[key]
+                r[key.removesuffix("_s") + "_ratio_to_nope"] = r[key] / b[key]
     shaw = []
     for length in shaw_lengths:
         entry = {"L": length}
