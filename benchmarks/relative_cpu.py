@@ -10,8 +10,11 @@ at batch 1, 8 heads of dim 64 (d_model 512), float32, on this machine's CPU:
   storage an operator creates, freed when it dies), measured once per size;
 * wall time of a forward pass, and of forward + backward at the smaller sizes: the best of a
   few runs (as ``timeit`` advises), one thread, the schemes interleaved so that load from
-  other processes on a shared machine hits them alike; ratios are to NoPE, whose attention is also what absolute encodings (which
-  act on the embeddings) pay;
+  other processes on a shared machine hits them alike. Ratios are to NoPE, whose attention
+  is also what absolute encodings (which act on the embeddings) pay;
+* the same forward time for a whole pre-LayerNorm Transformer block (projections, attention,
+  MLP of width 2048) at the smaller sizes, where the attention core is a small part of it;
+* for T5, the time to build its ``(heads, L, L)`` bias once (T5 shares it across layers);
 * learned parameters per layer (T5's table is per model: all layers share it).
 
 Sizes where the predicted peak (from the measured peak at the previous size, times the
@@ -32,7 +35,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from companion import NoPE, attention, save_result, seed_everything  # noqa: E402
+from torch import nn  # noqa: E402
+
+from companion import MultiHeadAttention, NoPE, attention, save_result, seed_everything  # noqa: E402
 from companion.relative import ShawRelative, T5RelativeBias, TransformerXL, peak_tensor_bytes  # noqa: E402
 
 HEADS, HEAD_DIM, SHAW_K = 8, 64, 16
@@ -46,6 +51,21 @@ def make_schemes() -> dict[str, torch.nn.Module]:
         "Transformer-XL": TransformerXL(HEADS, HEAD_DIM),
         "T5 bias": T5RelativeBias(HEADS, 32, 128, bidirectional=False),
     }
+
+
+class Block(nn.Module):
+    """A pre-LayerNorm Transformer block around ``MultiHeadAttention`` (d_model 512)."""
+
+    def __init__(self, scheme: nn.Module) -> None:
+        super().__init__()
+        d = HEADS * HEAD_DIM
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = MultiHeadAttention(d, HEADS, scheme)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), causal=True)
+        return x + self.mlp(self.ln2(x))
 
 
 def qkv(length: int, grad: bool = False) -> list[torch.Tensor]:
@@ -80,15 +100,26 @@ def train_step_once(scheme: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v
     return time.perf_counter() - t0
 
 
-def best_times(schemes: dict[str, torch.nn.Module], length: int, reps: int, train: bool) -> dict[str, float]:
+def block_once(block: nn.Module, x: torch.Tensor) -> float:
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        block(x)
+        return time.perf_counter() - t0
+
+
+def best_times(schemes: dict[str, torch.nn.Module], length: int, reps: int, mode: str) -> dict[str, float]:
     """Best-of-``reps`` wall time per scheme, the schemes interleaved round-robin so that a
-    burst of load from other processes hits all of them alike (one warm-up round first)."""
-    q, k, v = qkv(length, grad=train)
-    once = train_step_once if train else forward_once
+    burst of load from other processes hits all of them alike (one warm-up round first).
+    ``mode``: "forward" or "train" (attention core), or "block" (a whole block, forward)."""
+    q, k, v = qkv(length, grad=mode == "train")
+    if mode == "block":
+        blocks = {name: Block(s) for name, s in schemes.items()}
+        x = torch.randn(1, length, HEADS * HEAD_DIM, generator=torch.Generator().manual_seed(1))
+    once = train_step_once if mode == "train" else forward_once
     best = {name: float("inf") for name in schemes}
     for rnd in range(reps + 1):
         for name, scheme in schemes.items():
-            t = once(scheme, q, k, v)
+            t = block_once(blocks[name], x) if mode == "block" else once(scheme, q, k, v)
             if rnd:
                 best[name] = min(best[name], t)
     return best
@@ -124,19 +155,30 @@ def main(argv: list[str] | None = None) -> int:
                 limit[name] = (length, row["peak_bytes"])
                 todo[name] = scheme
             rows.append(row)
-        reps = 7 if length <= 512 else (3 if length <= 2048 else 2)
-        fwd = best_times(todo, length, reps, train=False)
-        train = best_times(todo, length, max(reps - 2, 1), train=True) if length <= 2048 else {}
+        reps = 7 if length <= 512 else (4 if length <= 2048 else 2)
+        times = {"forward_s": best_times(todo, length, reps, "forward")}
+        if length <= 2048:
+            times["train_step_s"] = best_times(todo, length, reps, "train")
+            times["block_forward_s"] = best_times(todo, length, reps, "block")
+        t5 = todo.get("T5 bias")
+        if t5 is not None:  # T5 builds its bias once per stack; what that one build costs:
+            pos = torch.arange(length)
+            with torch.no_grad():
+                builds = []
+                for _ in range(reps + 1):
+                    t0 = time.perf_counter()
+                    t5.bias(pos, pos)
+                    builds.append(time.perf_counter() - t0)
+            times["bias_build_s"] = {"T5 bias": min(builds[1:])}
         for row in rows[-len(schemes):]:
-            if row["scheme"] in fwd:
-                row["forward_s"] = fwd[row["scheme"]]
-            if row["scheme"] in train:
-                row["train_step_s"] = train[row["scheme"]]
+            for key, values in times.items():
+                if row["scheme"] in values:
+                    row[key] = values[row["scheme"]]
             print(row, flush=True)
     base = {r["L"]: r for r in rows if r["scheme"] == "NoPE"}
     for r in rows:
         b = base.get(r["L"], {})
-        for key in ("forward_s", "train_step_s", "peak_bytes"):
+        for key in ("forward_s", "train_step_s", "block_forward_s", "peak_bytes"):
             if key in r and key in b:
                 r[key.removesuffix("_s") + "_ratio_to_nope"] = r[key] / b[key]
     shaw = []
