@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                 limit[name] = (length, row["peak_bytes"])
                 todo[name] = scheme
             rows.append(row)
-        reps = 7 if length <= 512 else (4 if length <= 2048 else 2)
+        reps = 15 if length <= 512 else (5 if length <= 2048 else 2)
         times = {"forward_s": best_times(todo, length, reps, "forward")}
         if length <= 2048:
             times["train_step_s"] = best_times(todo, length, reps, "train")

@@ -344,7 +344,7 @@ def transformer_xl_score(
 
 def _contiguous_start(pos: Tensor) -> int | None:
     """``pos[0]`` if ``pos`` is 1-D and equals ``arange(pos[0], pos[0] + len)``, else None."""
-    if pos.dim() != 1 or pos.numel() == 0:
+    if pos.dim() != 1 or pos.numel() == 0 or pos.dtype not in _INT_DTYPES:
         return None
     start = int(pos[0])
     if torch.equal(pos, torch.arange(start, start + pos.numel(), device=pos.device)):
@@ -567,9 +567,24 @@ class T5RelativeBias(PositionScheme):
         """``(heads, q_len, k_len)`` for 1-D positions, ``(batch, heads, q_len, k_len)`` per row.
 
         Usable directly as the ``bias_fn(q_pos_block, k_pos_block)`` of a blockwise attention.
+        For contiguous 1-D positions (the usual case, and every block of it) the bias is
+        Toeplitz: it buckets only the ``q_len + k_len - 1`` distinct offsets and lays the looked-up
+        values out with a strided view, instead of bucketing ``q_len * k_len`` pairs.
         """
-        values = self.relative_attention_bias(self.buckets(q_pos, k_pos))  # (..., q, k, heads)
-        return values.movedim(-1, -3)
+        q_pos, k_pos = _check_int_positions(q_pos, "q_pos"), _check_int_positions(k_pos, "k_pos")
+        q0, k0 = _contiguous_start(q_pos), _contiguous_start(k_pos)
+        if q0 is None or k0 is None:
+            values = self.relative_attention_bias(self.buckets(q_pos, k_pos))  # (..., q, k, heads)
+            return values.movedim(-1, -3)
+        lq, lk = q_pos.numel(), k_pos.numel()
+        # offset (k0 + j) - (q0 + i) = lowest + (j - i + lq - 1), lowest = k0 - q0 - (lq - 1)
+        lowest = k0 - q0 - (lq - 1)
+        offsets = torch.arange(lowest, lowest + lq + lk - 1, device=q_pos.device)
+        per_offset = self.relative_attention_bias(
+            t5_relative_position_bucket(offsets, self.bidirectional, self.num_buckets, self.max_distance)
+        ).t()  # (heads, lq + lk - 1)
+        # window s of length lk starts at offset index s; row i needs window lq - 1 - i
+        return per_offset.unfold(-1, lk, 1).flip(-2).contiguous()
 
     def extra_repr(self) -> str:
         return (f"num_heads={self.num_heads}, num_buckets={self.num_buckets}, "

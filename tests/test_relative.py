@@ -124,6 +124,29 @@ def test_t5_bias_shapes_and_values():
     assert s.hooks() == ("bias",)
 
 
+@given(lq=st.integers(1, 40), lk=st.integers(1, 40), q0=st.integers(-300, 300), k0=st.integers(-300, 300),
+       bidirectional=st.booleans())
+def test_t5_toeplitz_path_equals_pairwise_path(lq, lk, q0, k0, bidirectional):
+    torch.manual_seed(0)
+    s = T5RelativeBias(3, 32, 128, bidirectional)
+    q_pos, k_pos = torch.arange(q0, q0 + lq), torch.arange(k0, k0 + lk)
+    fast = s.bias(q_pos, k_pos)
+    slow = s.bias(q_pos[None], k_pos[None])[0]  # per-row positions take the pairwise path
+    assert fast.shape == (3, lq, lk) and fast.is_contiguous()
+    assert torch.equal(fast, slow)
+
+
+def test_t5_toeplitz_path_gradient():
+    torch.manual_seed(0)
+    a, b = T5RelativeBias(2, bidirectional=False), T5RelativeBias(2, bidirectional=False)
+    b.load_state_dict(a.state_dict())
+    w = torch.randn(2, 7, 9)
+    pos_q, pos_k = torch.arange(2, 9), torch.arange(9)
+    (a.bias(pos_q, pos_k) * w).sum().backward()
+    (b.bias(pos_q[None], pos_k[None])[0] * w).sum().backward()
+    torch.testing.assert_close(a.table.grad, b.table.grad)
+
+
 def test_t5_bias_as_blockwise_bias_fn():
     """Slicing positions into blocks gives the matching slices of the full bias."""
     s = T5RelativeBias(3, bidirectional=False)
