@@ -582,7 +582,7 @@ class T5RelativeBias(PositionScheme):
         offsets = torch.arange(lowest, lowest + lq + lk - 1, device=q_pos.device)
         per_offset = self.relative_attention_bias(
             t5_relative_position_bucket(offsets, self.bidirectional, self.num_buckets, self.max_distance)
-        ).t()  # (heads, lq + lk - 1)
+        ).t().contiguous()  # (heads, lq + lk - 1), contiguous so the copy below streams
         # window s of length lk starts at offset index s; row i needs window lq - 1 - i
         return per_offset.unfold(-1, lk, 1).flip(-2).contiguous()
 
