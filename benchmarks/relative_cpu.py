@@ -8,10 +8,12 @@ at batch 1, 8 heads of dim 64 (d_model 512), float32, on this machine's CPU:
 
 * peak bytes of the tensors alive during a forward pass (``peak_tensor_bytes``: every
   storage an operator creates, freed when it dies), measured once per size;
-* wall time of a forward pass, and of forward + backward at the smaller sizes: the best of a
-  few runs (as ``timeit`` advises), one thread, the schemes interleaved so that load from
-  other processes on a shared machine hits them alike. Ratios are to NoPE, whose attention
-  is also what absolute encodings (which act on the embeddings) pay;
+* the time of a forward pass, and of forward + backward at the smaller sizes, as CPU time
+  of this process (``time.process_time``) on one thread, which leaves out the time it waits
+  for a core on a shared machine; the best of a few runs (as ``timeit`` advises), the
+  schemes interleaved so that what interference remains (caches, memory bandwidth) hits
+  them alike. Ratios are to NoPE, whose attention is also what absolute encodings (which act
+  on the embeddings) pay;
 * the same forward time for a whole pre-LayerNorm Transformer block (projections, attention,
   MLP of width 2048) at the smaller sizes, where the attention core is a small part of it;
 * for T5, the time to build its ``(heads, L, L)`` bias once (T5 shares it across layers);
@@ -89,26 +91,26 @@ def peak_bytes(scheme: torch.nn.Module, length: int) -> int:
 
 def forward_once(scheme: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> float:
     with torch.no_grad():
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         attention(q, k, v, scheme, causal=True)
-        return time.perf_counter() - t0
+        return time.process_time() - t0
 
 
 def train_step_once(scheme: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> float:
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     attention(q, k, v, scheme, causal=True).square().mean().backward()
-    return time.perf_counter() - t0
+    return time.process_time() - t0
 
 
 def block_once(block: nn.Module, x: torch.Tensor) -> float:
     with torch.no_grad():
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         block(x)
-        return time.perf_counter() - t0
+        return time.process_time() - t0
 
 
 def best_times(schemes: dict[str, torch.nn.Module], length: int, reps: int, mode: str) -> dict[str, float]:
-    """Best-of-``reps`` wall time per scheme, the schemes interleaved round-robin so that a
+    """Best-of-``reps`` CPU time per scheme, the schemes interleaved round-robin so that a
     burst of load from other processes hits all of them alike (one warm-up round first).
     ``mode``: "forward" or "train" (attention core), or "block" (a whole block, forward)."""
     q, k, v = qkv(length, grad=mode == "train")
@@ -166,9 +168,9 @@ def main(argv: list[str] | None = None) -> int:
             with torch.no_grad():
                 builds = []
                 for _ in range(reps + 1):
-                    t0 = time.perf_counter()
+                    t0 = time.process_time()
                     t5.bias(pos, pos)
-                    builds.append(time.perf_counter() - t0)
+                    builds.append(time.process_time() - t0)
             times["bias_build_s"] = {"T5 bias": min(builds[1:])}
         for row in rows[-len(schemes):]:
             for key, values in times.items():
