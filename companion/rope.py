@@ -1,0 +1,677 @@
+"""Rotary position embedding (RoPE): frequencies, cos/sin tables, the rotation, layouts.
+
+RoPE (Su et al., :cite:`su2024roformer`) rotates each pair of query/key coordinates by an
+angle proportional to the token's position, so that the dot product of a rotated query at
+position ``m`` and a rotated key at position ``n`` depends on the positions only through
+``m - n``. With ``r = rotary_dim`` (even, ``<= head_dim``) and ``h = r // 2`` pairs, pair ``i``
+turns at the inverse frequency ``theta_i = base ** (-2 i / r)``, by the angle ``p * theta_i``
+at position ``p``.
+
+Two memory layouts put the two coordinates of a pair in different places; both are in wide use
+and they are not interchangeable (loading one model's weights with the other's function
+silently corrupts it):
+
+==================  =========================================  ===============================
+layout              pair ``i`` lives at                         used by
+==================  =========================================  ===============================
+``"half"``          ``(x[i], x[i + h])``                       GPT-NeoX, HuggingFace
+                                                               ``rotate_half``
+``"interleaved"``   ``(x[2 i], x[2 i + 1])``                   GPT-J, Meta's Llama
+                                                               (``view_as_complex``)
+==================  =========================================  ===============================
+
+A model converts exactly between them by permuting the rows of ``W_q`` and ``W_k`` within each
+head (:func:`convert_qk_weight`). Dimensions ``>= rotary_dim`` pass through unchanged (partial
+rotary, as in GPT-NeoX with ``rotary_pct = 0.25``, :cite:`black2022gptneox`).
+
+Tables. This module works with *compact* tables: ``cos`` and ``sin`` of width ``h`` (one column
+per pair), the same for both layouts, as FlashAttention's rotary kernel does
+(:cite:`dao2022flashattention`). HuggingFace's tables have width ``r`` and hold every column
+twice (``cat(freqs, freqs)``); ``cos_hf[..., :h]`` is the compact table. Tables are float32 (or
+float64) and never in the activations' dtype.
+
+The exact arithmetic of :func:`apply_rope` (the contract that a fused kernel reproduces bit for
+bit in float32) is spelled out in its docstring.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from ._checks import as_positions, check_position_range, check_positive_int, check_tensor
+from .attention import PositionScheme
+
+__all__ = [
+    "LAYOUTS",
+    "rope_frequencies",
+    "rope_cos_sin",
+    "rotate_half",
+    "rope_rotate",
+    "apply_rope",
+    "RotaryEmbedding",
+    "positions_from_mask",
+    "layout_permutation",
+    "convert_layout",
+    "convert_qk_weight",
+]
+
+#: The two pair layouts: half-split (GPT-NeoX / HuggingFace) and interleaved (GPT-J / Meta).
+LAYOUTS: tuple[str, ...] = ("half", "interleaved")
+
+#: float32 holds every integer exactly only up to 2**24; larger positions need float64 angles.
+_FP32_EXACT_INT = 2**24
+
+# The fast path works on slices of the sequence of about this many elements (1 MiB of float32),
+# so that its temporaries stay in the CPU cache and are reused rather than freshly allocated
+# (large fresh allocations cost page faults). Larger slices mean fewer calls, and fewer
+# thread-pool synchronisations, which matters on a busy machine; see benchmarks/rope_cpu.py.
+_CHUNK_ELEMS = 1 << 18
+
+
+# ----------------------------------------------------------------------------- validation helpers
+
+
+def _check_layout(layout: object) -> str:
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return layout
+
+
+def _check_rotary_dim(rotary_dim: object, head_dim: int) -> int:
+    if rotary_dim is None:
+        rotary_dim = head_dim
+    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
+        raise TypeError(f"rotary_dim must be an int or None, got {type(rotary_dim).__name__}")
+    if rotary_dim < 2:
+        raise ValueError(f"rotary_dim must be an even int in [2, head_dim={head_dim}], got {rotary_dim}")
+    if rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be even (coordinates are rotated in pairs), got {rotary_dim}")
+    if rotary_dim > head_dim:
+        raise ValueError(f"rotary_dim must be <= head_dim ({head_dim}), got {rotary_dim}")
+    return rotary_dim
+
+
+def _check_compute_dtype(dtype: object) -> torch.dtype:
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"compute_dtype must be torch.float32 or torch.float64, got {dtype}")
+    return dtype  # type: ignore[return-value]
+
+
+def _int_positions(positions: Tensor | Sequence[int] | int, name: str) -> Tensor:
+    """Any-shape integer positions as int64; an int ``n`` means ``arange(n)``."""
+    if isinstance(positions, bool):
+        raise TypeError(f"{name} must be an int or an integer tensor, got bool")
+    if isinstance(positions, int):
+        check_positive_int(positions, name, minimum=0)
+        return torch.arange(positions)
+    if not isinstance(positions, Tensor):
+        try:
+            positions = torch.as_tensor(positions)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise TypeError(f"{name} must be an integer tensor or a sequence of ints") from exc
+    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
+        raise TypeError(
+            f"{name} must hold integers (torch.int64 or torch.int32), got dtype {positions.dtype}; "
+            "positions are never floating point"
+        )
+    return positions.long()
+
+
+# ----------------------------------------------------------------------------- frequencies, tables
+
+
+def rope_frequencies(dim: int, base: float = 10000.0, device: torch.device | str | None = None) -> Tensor:
+    """Inverse frequencies ``theta_i = base ** (-2 i / dim)`` for ``i = 0 .. dim/2 - 1``, float32.
+
+    Computed exactly as HuggingFace's default RoPE and Meta's ``precompute_freqs_cis`` do
+    (``1 / base ** (arange(0, dim, 2) / dim)`` in float32), so the values match theirs bit for
+    bit (:cite:`su2024roformer`). ``dim`` is the number of rotated dimensions (``rotary_dim``),
+    not necessarily ``head_dim``: GPT-NeoX's partial rotary uses ``rotary_dim``.
+
+    Args:
+        dim: rotated dimensions, a positive even int.
+        base: the RoPE base ("theta"), > 0; 10000 in the paper, 500000 in Llama 3.
+        device: where to build the tensor.
+
+    Returns:
+        float32 tensor of shape ``(dim // 2,)``, decreasing from 1.
+    """
+    check_positive_int(dim, "dim", minimum=2)
+    if dim % 2:
+        raise ValueError(f"dim must be even (coordinates are rotated in pairs), got {dim}")
+    if isinstance(base, bool) or not isinstance(base, (int, float)):
+        raise TypeError(f"base must be a float, got {type(base).__name__}")
+    if not (math.isfinite(base) and base > 0):
+        raise ValueError(f"base must be a finite number > 0, got {base}")
+    exponent = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
+    return 1.0 / (base**exponent)
+
+
+def rope_cos_sin(
+    positions: Tensor | Sequence[int] | int,
+    inv_freq: Tensor,
+    *,
+    attention_scaling: float = 1.0,
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[Tensor, Tensor]:
+    """Compact cos/sin tables: ``cos[..., i] = s * cos(p * theta_i)``, likewise ``sin``.
+
+    ``p`` runs over ``positions`` (any shape; an int ``n`` means ``arange(n)``) and ``theta`` over
+    ``inv_freq``; ``s`` is ``attention_scaling`` (1 for plain RoPE; YaRN's attention factor
+    multiplies both tables, as in HuggingFace). The result has shape
+    ``positions.shape + (len(inv_freq),)``: one column per pair, for either layout.
+
+    Arithmetic, in ``compute_dtype`` (``w``): ``angle = w(p) * w(theta)`` (one rounding), then
+    ``cos(angle) * s`` and ``sin(angle) * s``; the tables are returned in ``w``. With the
+    default ``w = float32`` this is bit for bit HuggingFace's arithmetic (Meta's angles are
+    the same; its ``torch.polar`` evaluates cos/sin to within one ulp of these). The float32
+    angle error grows with the position: up to ``p * theta * 2**-24`` radians, 0.03 rad at
+    ``p = 10**6``. ``compute_dtype=torch.float64`` gives float64 tables accurate at any
+    position (positions are int64, never rounded before the multiply); cast them with
+    ``.float()`` for float32 arithmetic in :func:`apply_rope` (as :class:`RotaryEmbedding`
+    does) and they stay within float32 rounding of the exact values. ``inv_freq`` is used at
+    its own precision (widening it to float64 is exact).
+
+    Raises:
+        ValueError: a float32 computation with ``|p| >= 2**24`` (float32 cannot represent every
+            such integer; pass ``compute_dtype=torch.float64``).
+    """
+    check_tensor(inv_freq, "inv_freq", 1)
+    if not inv_freq.dtype.is_floating_point:
+        raise TypeError(f"inv_freq must be a floating-point tensor, got dtype {inv_freq.dtype}")
+    _check_compute_dtype(compute_dtype)
+    pos = _int_positions(positions, "positions").to(inv_freq.device)
+    if compute_dtype == torch.float32 and pos.numel() and int(pos.abs().max()) >= _FP32_EXACT_INT:
+        raise ValueError(
+            f"positions must be < 2**24 = {_FP32_EXACT_INT} for compute_dtype=torch.float32 "
+            f"(got {int(pos.abs().max())}); pass compute_dtype=torch.float64"
+        )
+    angle = pos.to(compute_dtype).unsqueeze(-1) * inv_freq.to(compute_dtype)
+    cos, sin = angle.cos(), angle.sin()
+    if attention_scaling != 1.0:
+        cos, sin = cos * attention_scaling, sin * attention_scaling
+    return cos, sin
+
+
+# ----------------------------------------------------------------------------- the rotation
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """HuggingFace's ``rotate_half``: ``cat(-x2, x1)`` for the halves ``x1, x2`` of the last dim.
+
+    With full-width tables (``cat(freqs, freqs)``), ``x * cos + rotate_half(x) * sin`` is the
+    half-layout RoPE of GPT-NeoX and HuggingFace (:cite:`black2022gptneox`). Kept for teaching
+    and for interoperability; :func:`apply_rope` computes the same numbers without the
+    concatenation.
+    """
+    check_tensor(x, "x")
+    d = x.shape[-1]
+    if d % 2:
+        raise ValueError(f"x's last dimension must be even, got {d}")
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _pair_views(x: Tensor, layout: str, r: int) -> tuple[Tensor, Tensor]:
+    """The first and second coordinates of every pair, as views ``(..., r // 2)``."""
+    if layout == "half":
+        return x[..., : r // 2], x[..., r // 2 : r]
+    return x[..., 0:r:2], x[..., 1:r:2]
+
+
+def _gather_tables(
+    cos: Tensor, sin: Tensor, batch: int, seq: int, positions: Tensor | Sequence[int] | None,
+    offset: int | Tensor | None, device: torch.device,
+) -> tuple[Tensor, Tensor]:
+    """Rows of the tables for this call, shaped to broadcast against ``(batch, heads, seq, h)``."""
+    if cos.dim() == 3:
+        if positions is not None or offset is not None:
+            raise ValueError(
+                "cos/sin of shape (batch, seq, rotary_dim // 2) are already gathered per row: "
+                "pass positions=None and offset=None (or pass 2-D tables indexed by position)"
+            )
+        if cos.shape[0] not in (1, batch) or cos.shape[1] != seq:
+            raise ValueError(
+                f"gathered cos/sin must have shape ({batch} or 1, {seq}, rotary_dim // 2), "
+                f"got {tuple(cos.shape)}"
+            )
+        return cos.unsqueeze(1), sin.unsqueeze(1)
+    table_len = cos.shape[0]
+    if positions is not None:
+        if offset is not None:
+            raise ValueError("pass either positions or offset, not both")
+        pos = as_positions(positions, "positions", seq, batch, device)
+        check_position_range(pos, "positions", 0, table_len)
+        c, s = cos[pos], sin[pos]  # (seq, h) or (batch, seq, h)
+        return (c, s) if pos.dim() == 1 else (c.unsqueeze(1), s.unsqueeze(1))
+    if offset is None or (isinstance(offset, int) and not isinstance(offset, bool)):
+        start = 0 if offset is None else offset
+        if start < 0:
+            raise IndexError(f"offset must be >= 0, got {start}")
+        if start + seq > table_len:
+            raise IndexError(
+                f"offset + seq = {start} + {seq} must be <= the table length {table_len} "
+                "(build longer cos/sin tables)"
+            )
+        return cos[start : start + seq], sin[start : start + seq]
+    if not isinstance(offset, Tensor) or offset.dtype.is_floating_point or offset.dtype == torch.bool:
+        raise TypeError(
+            f"offset must be an int or an integer tensor of shape ({batch},), got "
+            f"{offset.dtype if isinstance(offset, Tensor) else type(offset).__name__}"
+        )
+    if offset.dim() == 0:
+        return _gather_tables(cos, sin, batch, seq, None, int(offset), device)
+    if offset.shape != (batch,):
+        raise ValueError(f"offset tensor must have shape ({batch},), got {tuple(offset.shape)}")
+    pos = offset.to(device).long().unsqueeze(-1) + torch.arange(seq, device=device)
+    check_position_range(pos, "offset + arange(seq)", 0, table_len)
+    return cos[pos].unsqueeze(1), sin[pos].unsqueeze(1)
+
+
+def _rotate_autograd(x: Tensor, c: Tensor, s: Tensor, layout: str, r: int, work: torch.dtype) -> Tensor:
+    """Out-of-place, differentiable version of the rotation (same roundings as the fast path)."""
+    x1, x2 = (t.to(work) for t in _pair_views(x, layout, r))
+    y1 = (x1 * c - x2 * s).to(x.dtype)
+    y2 = (x2 * c + x1 * s).to(x.dtype)
+    rot = torch.cat((y1, y2), dim=-1) if layout == "half" else torch.stack((y1, y2), dim=-1).flatten(-2)
+    return rot if r == x.shape[-1] else torch.cat((rot, x[..., r:]), dim=-1)
+
+
+def _pairs(x: Tensor, layout: str, r: int) -> Tensor:
+    """View the rotated dims of ``x`` with an explicit pair axis.
+
+    ``"half"``: ``(..., 2, h)``, the pair axis second to last; ``"interleaved"``: ``(..., h, 2)``.
+    Index 0 along the pair axis is the first coordinate ``a``, index 1 the second ``b``.
+    """
+    h = r // 2
+    return x[..., :r].unflatten(-1, (2, h) if layout == "half" else (h, 2))
+
+
+@torch.no_grad()
+def _rotate_fast(x: Tensor, c: Tensor, s: Tensor, layout: str, r: int, work: torch.dtype,
+                 inplace: bool) -> Tensor:
+    """The same arithmetic, in cache-sized slices of the sequence, with no full-size temporary.
+
+    Per slice, with the pair axis made explicit (:func:`_pairs`), ``y = x * c`` multiplies both
+    coordinates by ``c`` in one call; the scratch ``t`` holds ``(b * (-s), a * s)``; then
+    ``y += t``. Since ``b * (-s)`` is exactly ``-(b * s)``, this is ``a * c - b * s`` and
+    ``b * c + a * s`` with the same single roundings as the formula (no fused multiply-add:
+    ``torch.addcmul`` fuses on AVX-512 CPUs, so it is not used). In place, ``t`` is computed
+    before ``x`` is overwritten. The slices keep the temporaries in the CPU cache.
+    """
+    out = x if inplace else torch.empty_like(x)
+    b, heads, seq, d = x.shape
+    h = r // 2
+    pair_dim = -2 if layout == "half" else -1
+    # tables with a broadcast pair axis: c for both coordinates, (-s, s) for the cross term
+    c = c.unsqueeze(pair_dim)
+    neg_s, s = (-s).unsqueeze(pair_dim), s.unsqueeze(pair_dim)
+    rows = max(1, min(seq, _CHUNK_ELEMS // max(1, b * heads * r)))
+    same = x.dtype == work
+    pair_shape = (2, h) if layout == "half" else (h, 2)
+    scratch = torch.empty(b, heads, rows, *pair_shape, dtype=work, device=x.device)
+    result = scratch if same else torch.empty_like(scratch)
+    for j in range(0, seq, rows):
+        n = min(rows, seq - j)
+        xv, ov = _pairs(x[:, :, j : j + n], layout, r), _pairs(out[:, :, j : j + n], layout, r)
+        cj, nsj, sj = (t[..., j : j + n, :, :] for t in (c, neg_s, s))
+        if not same:  # half precision in: float32 arithmetic, one cast on store
+            xv = xv.to(work)
+        t = scratch[:, :, :n]
+        a, bb = xv.select(pair_dim, 0), xv.select(pair_dim, 1)
+        torch.mul(bb, nsj.select(pair_dim, 0), out=t.select(pair_dim, 0))
+        torch.mul(a, sj.select(pair_dim, 0), out=t.select(pair_dim, 1))
+        if same:
+            torch.mul(xv, cj, out=ov)
+            ov.add_(t)
+        else:
+            y = result[:, :, :n]
+            torch.mul(xv, cj, out=y)
+            y.add_(t)
+            ov.copy_(y)
+        if r < d and not inplace:
+            out[:, :, j : j + n, r:].copy_(x[:, :, j : j + n, r:])
+    return out
+
+
+def rope_rotate(
+    x: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    *,
+    layout: str = "half",
+    rotary_dim: int | None = None,
+    positions: Tensor | Sequence[int] | None = None,
+    offset: int | Tensor | None = None,
+    inplace: bool = False,
+) -> Tensor:
+    """Rotate one tensor ``x`` of shape ``(batch, heads, seq, head_dim)``; see :func:`apply_rope`.
+
+    Use it when queries and keys sit at different positions (the ``rotate`` hook of
+    :class:`RotaryEmbedding`); :func:`apply_rope` is the same for a ``(q, k)`` pair.
+    """
+    check_tensor(x, "x", 4)
+    check_tensor(cos, "cos")
+    check_tensor(sin, "sin")
+    layout = _check_layout(layout)
+    b, _, seq, d = x.shape
+    r = _check_rotary_dim(rotary_dim, d)
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"x must be a floating-point tensor, got dtype {x.dtype}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    if cos.dtype != sin.dtype or not cos.dtype.is_floating_point:
+        raise TypeError(f"cos and sin must share a floating dtype, got {cos.dtype} and {sin.dtype}")
+    if cos.dim() not in (2, 3) or cos.shape[-1] != r // 2:
+        hint = (
+            f"; a HuggingFace-style table of width {r} holds each column twice: pass cos[..., :{r // 2}]"
+            if cos.dim() in (2, 3) and cos.shape[-1] == r else ""
+        )
+        raise ValueError(
+            f"cos/sin must have shape (table_len, rotary_dim // 2) or (batch, seq, rotary_dim // 2) "
+            f"with rotary_dim // 2 = {r // 2}, got {tuple(cos.shape)}{hint}"
+        )
+    if cos.device != x.device:
+        raise ValueError(f"cos/sin are on {cos.device} but x is on {x.device}")
+    c, s = _gather_tables(cos, sin, b, seq, positions, offset, x.device)
+    work = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), torch.float32)
+    c, s = c.to(work), s.to(work)
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad)
+    if needs_grad:
+        if inplace:
+            raise ValueError("inplace=True is not differentiable: pass inplace=False when gradients are needed")
+        return _rotate_autograd(x, c, s, layout, r, work)
+    return _rotate_fast(x, c, s, layout, r, work, inplace)
+
+
+def apply_rope(
+    q: Tensor,
+    k: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    *,
+    layout: str = "half",
+    rotary_dim: int | None = None,
+    positions: Tensor | Sequence[int] | None = None,
+    offset: int | Tensor | None = None,
+    inplace: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Apply rotary position embedding to queries and keys (:cite:`su2024roformer`).
+
+    For each pair ``i < r/2`` (``r = rotary_dim``, default ``head_dim``) with coordinates
+    ``(a, b)`` (``(x[i], x[i + r/2])`` in the ``"half"`` layout, ``(x[2i], x[2i+1])`` in the
+    ``"interleaved"`` one) at position ``p``, with ``c = cos[p, i]`` and ``s = sin[p, i]``::
+
+        a' = a * c - b * s
+        b' = b * c + a * s
+
+    Dimensions ``>= r`` are copied unchanged (partial rotary, GPT-NeoX).
+
+    Exact arithmetic (what a fused kernel must reproduce bit for bit in float32). The working
+    dtype ``w`` is the promotion of ``x.dtype``, ``cos.dtype`` and float32 (float32 for
+    float32/bf16/fp16 inputs with float32 tables). ``a, b, c, s`` are converted to ``w``; each of
+    the four products is rounded to ``w``; then one rounded subtraction (``a'``) and one rounded
+    addition (``b'``); no fused multiply-add; then one cast to ``x.dtype``. In the ``"half"``
+    layout this equals HuggingFace's ``q * cos + rotate_half(q) * sin`` bit for bit in float32.
+
+    Tables and positions. ``cos``/``sin`` are compact float32 tables (from :func:`rope_cos_sin`):
+
+    * 2-D ``(table_len, r // 2)``, a table indexed by position. Rows are picked by
+      ``positions`` (int tensor ``(seq,)`` or ``(batch, seq)``: per-row positions for left
+      padding), or by ``offset`` (int, or int tensor ``(batch,)``: rows
+      ``offset + arange(seq)``, for KV-cache decoding), or by neither (rows ``0 .. seq - 1``).
+    * 3-D ``(batch or 1, seq, r // 2)``, rows already gathered for this call (what
+      ``RotaryEmbedding.cos_sin(position_ids)`` returns); then no positions or offset.
+
+    Args:
+        q: queries ``(batch, heads, seq, head_dim)``.
+        k: keys ``(batch, kv_heads, seq, head_dim)``: same batch, sequence and head dims.
+        cos, sin: compact tables as above, on q's device.
+        layout: ``"half"`` (GPT-NeoX, HuggingFace) or ``"interleaved"`` (GPT-J, Meta).
+        rotary_dim: rotated dimensions, even, ``<= head_dim`` (default ``head_dim``).
+        positions: integer positions, see above.
+        offset: starting position(s), see above.
+        inplace: write the result into ``q`` and ``k`` (not differentiable).
+
+    Returns:
+        ``(q_rotated, k_rotated)`` in the input dtypes (``q`` and ``k`` themselves if inplace).
+    """
+    check_tensor(q, "q", 4)
+    check_tensor(k, "k", 4)
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"k head_dim {k.shape[-1]} must equal q head_dim {q.shape[-1]}")
+    if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(
+            f"q and k must share batch and seq for shared positions, got q {tuple(q.shape)} and "
+            f"k {tuple(k.shape)}; rotate them separately with rope_rotate"
+        )
+    kw = dict(layout=layout, rotary_dim=rotary_dim, positions=positions, offset=offset, inplace=inplace)
+    return rope_rotate(q, cos, sin, **kw), rope_rotate(k, cos, sin, **kw)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- the scheme
+
+
+class RotaryEmbedding(PositionScheme):
+    """RoPE as a position scheme: the ``rotate`` hook, with a cos/sin cache that grows on demand.
+
+    ``rotate(q, k, q_pos, k_pos)`` rotates queries at ``q_pos`` and keys at ``k_pos`` (int64,
+    ``(seq,)`` or ``(batch, seq)``) with :func:`rope_rotate`, reading rows of a compact float32
+    table. The table covers positions ``0 .. L-1`` and doubles when a larger position arrives,
+    up to ``max_cached_positions``; beyond that (or for negative positions) rows are computed
+    directly, with the same arithmetic, so the result never depends on the cache.
+
+    Args:
+        head_dim: per-head dimension of q and k.
+        rotary_dim: rotated dimensions (even, ``<= head_dim``; default ``head_dim``). GPT-NeoX
+            uses ``int(head_dim * rotary_pct)``; its frequencies use ``rotary_dim``.
+        base: RoPE base, used when ``inv_freq`` is None.
+        inv_freq: precomputed inverse frequencies ``(rotary_dim // 2,)``, overriding ``base``
+            (what a scaling method such as YaRN or Llama-3 produces).
+        attention_scaling: factor multiplying both tables (HuggingFace's ``attention_scaling``,
+            YaRN's attention factor); 1 for plain RoPE.
+        layout: ``"half"`` or ``"interleaved"``.
+        compute_dtype: float32 (HuggingFace's arithmetic) or float64 angles for the tables.
+        max_cached_positions: the cache never grows past this many rows.
+        device: where to build the buffers.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        *,
+        rotary_dim: int | None = None,
+        base: float = 10000.0,
+        inv_freq: Tensor | None = None,
+        attention_scaling: float = 1.0,
+        layout: str = "half",
+        compute_dtype: torch.dtype = torch.float32,
+        max_cached_positions: int = 1 << 16,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        check_positive_int(head_dim, "head_dim", minimum=2)
+        self.head_dim = head_dim
+        self.rotary_dim = _check_rotary_dim(rotary_dim, head_dim)
+        self.layout = _check_layout(layout)
+        self.compute_dtype = _check_compute_dtype(compute_dtype)
+        self.max_cached_positions = check_positive_int(max_cached_positions, "max_cached_positions", 0)
+        self.base = float(base) if inv_freq is None else None
+        if inv_freq is None:
+            inv_freq = rope_frequencies(self.rotary_dim, base, device=device)
+        self.register_buffer("inv_freq", torch.empty(0), persistent=False)
+        self.register_buffer("cos_cached", torch.empty(0, self.rotary_dim // 2), persistent=False)
+        self.register_buffer("sin_cached", torch.empty(0, self.rotary_dim // 2), persistent=False)
+        self.set_frequencies(inv_freq, attention_scaling)
+
+    def set_frequencies(self, inv_freq: Tensor, attention_scaling: float = 1.0) -> None:
+        """Replace the inverse frequencies and scaling factor, and empty the cache.
+
+        For scaling methods that change the frequencies at run time (dynamic NTK).
+        """
+        check_tensor(inv_freq, "inv_freq", 1)
+        h = self.rotary_dim // 2
+        if inv_freq.shape != (h,):
+            raise ValueError(f"inv_freq must have shape (rotary_dim // 2,) = ({h},), got {tuple(inv_freq.shape)}")
+        if not inv_freq.dtype.is_floating_point:
+            raise TypeError(f"inv_freq must be a floating-point tensor, got dtype {inv_freq.dtype}")
+        if not bool(torch.isfinite(inv_freq).all()) or bool((inv_freq <= 0).any()):
+            raise ValueError("inv_freq must hold finite values > 0")
+        if isinstance(attention_scaling, bool) or not isinstance(attention_scaling, (int, float)):
+            raise TypeError(f"attention_scaling must be a float, got {type(attention_scaling).__name__}")
+        if not (math.isfinite(attention_scaling) and attention_scaling > 0):
+            raise ValueError(f"attention_scaling must be a finite number > 0, got {attention_scaling}")
+        device = self.inv_freq.device if self.inv_freq.numel() else inv_freq.device
+        self.inv_freq = inv_freq.detach().to(device)
+        self.attention_scaling = float(attention_scaling)
+        self.cos_cached = torch.empty(0, h, device=device)
+        self.sin_cached = torch.empty(0, h, device=device)
+
+    @property
+    def cached_positions(self) -> int:
+        """Number of rows (positions ``0 .. n-1``) currently in the cache."""
+        return self.cos_cached.shape[0]
+
+    def _tables(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        cos, sin = rope_cos_sin(
+            positions, self.inv_freq, attention_scaling=self.attention_scaling,
+            compute_dtype=self.compute_dtype,
+        )
+        return cos.float(), sin.float()
+
+    def _grow(self, length: int) -> None:
+        if length <= self.cached_positions:
+            return
+        new = min(max(length, 2 * self.cached_positions, 256), self.max_cached_positions)
+        cos, sin = self._tables(torch.arange(new, device=self.inv_freq.device))
+        self.cos_cached, self.sin_cached = cos, sin
+
+    def cos_sin(self, positions: Tensor | Sequence[int] | int) -> tuple[Tensor, Tensor]:
+        """Compact tables for integer ``positions`` (any shape): shape ``positions.shape + (r // 2,)``.
+
+        An int ``n`` means positions ``0 .. n-1``, which gives a 2-D table for
+        :func:`apply_rope`'s ``positions``/``offset`` arguments. Rows come from the cache,
+        which grows on demand.
+        """
+        pos = _int_positions(positions, "positions").to(self.inv_freq.device)
+        if pos.numel() == 0:
+            empty = torch.empty(*pos.shape, self.rotary_dim // 2, device=pos.device)
+            return empty, empty.clone()
+        lo, hi = int(pos.min()), int(pos.max())
+        if lo < 0 or hi >= self.max_cached_positions:
+            return self._tables(pos)
+        self._grow(hi + 1)
+        return self.cos_cached[pos], self.sin_cached[pos]
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """Rotate ``q`` at ``q_pos`` and ``k`` at ``k_pos``; positions ``(seq,)`` or ``(batch, seq)``."""
+        check_tensor(q, "q", 4)
+        check_tensor(k, "k", 4)
+        if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"q and k head_dim must equal this scheme's head_dim {self.head_dim}, got "
+                f"{q.shape[-1]} and {k.shape[-1]}"
+            )
+        q_pos = as_positions(q_pos, "q_pos", q.shape[2], q.shape[0], q.device)
+        k_pos = as_positions(k_pos, "k_pos", k.shape[2], k.shape[0], k.device)
+        kw = dict(layout=self.layout, rotary_dim=self.rotary_dim)
+        # (seq,) positions give (seq, r/2) rows, read by rope_rotate as a table from row 0;
+        # (batch, seq) positions give gathered (batch, seq, r/2) rows.
+        cq, sq = self.cos_sin(q_pos)
+        q = rope_rotate(q, cq, sq, **kw)  # type: ignore[arg-type]
+        if k_pos is q_pos or (k_pos.shape == q_pos.shape and torch.equal(k_pos, q_pos)):
+            ck, sk = cq, sq
+        else:
+            ck, sk = self.cos_sin(k_pos)
+        k = rope_rotate(k, ck, sk, **kw)  # type: ignore[arg-type]
+        return q, k
+
+    def extra_repr(self) -> str:
+        freq = f"base={self.base:g}" if self.base is not None else "inv_freq=custom"
+        extra = f", attention_scaling={self.attention_scaling:g}" if self.attention_scaling != 1.0 else ""
+        return (
+            f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, {freq}{extra}, "
+            f"layout={self.layout!r}, cached_positions={self.cached_positions}"
+        )
+
+
+# ----------------------------------------------------------------------------- positions, layouts
+
+
+def positions_from_mask(attention_mask: Tensor, pad_position: int = 1) -> Tensor:
+    """Per-row positions for a padded batch: ``cumsum(mask) - 1``, pads set to ``pad_position``.
+
+    The HuggingFace convention for batched generation with left padding: the first real token
+    of every row gets position 0 however much padding precedes it. Pad slots are masked out of
+    attention anyway; HuggingFace fills them with 1, the default here.
+
+    Args:
+        attention_mask: ``(batch, seq)``, 1/True for real tokens, 0/False for padding.
+        pad_position: the position given to pad slots (>= 0).
+
+    Returns:
+        int64 positions ``(batch, seq)``.
+    """
+    check_tensor(attention_mask, "attention_mask", 2)
+    if attention_mask.dtype.is_floating_point or attention_mask.dtype.is_complex:
+        raise TypeError(f"attention_mask must be bool or integer, got dtype {attention_mask.dtype}")
+    m = attention_mask.long()
+    if m.numel() and not bool(((m == 0) | (m == 1)).all()):
+        raise ValueError("attention_mask must hold only 0/1 (or False/True)")
+    check_positive_int(pad_position, "pad_position", minimum=0)
+    pos = m.cumsum(-1) - 1
+    return pos.masked_fill(m == 0, pad_position)
+
+
+def layout_permutation(head_dim: int, src: str, dst: str, rotary_dim: int | None = None) -> Tensor:
+    """Index ``perm`` with ``x_dst = x_src[..., perm]`` for one head of ``head_dim`` dims.
+
+    Interleaved to half: ``perm = [0, 2, 4, .., r-2, 1, 3, .., r-1]`` followed by the
+    pass-through dims ``r .. head_dim-1``; half to interleaved is its inverse
+    ``[0, h, 1, h+1, ..]``. Rotating in one layout and converting equals converting and
+    rotating in the other (the permutation conjugates one rotation into the other).
+    """
+    check_positive_int(head_dim, "head_dim", minimum=2)
+    src, dst = _check_layout(src), _check_layout(dst)
+    r = _check_rotary_dim(rotary_dim, head_dim)
+    idx = torch.arange(head_dim)
+    if src == dst:
+        return idx
+    to_half = torch.cat((idx[0:r:2], idx[1:r:2], idx[r:]))
+    if dst == "half":
+        return to_half
+    return torch.argsort(to_half)
+
+
+def convert_layout(x: Tensor, src: str, dst: str, rotary_dim: int | None = None) -> Tensor:
+    """Re-order the last dimension of ``x`` (per head) from layout ``src`` to ``dst``."""
+    check_tensor(x, "x")
+    perm = layout_permutation(x.shape[-1], src, dst, rotary_dim).to(x.device)
+    return x[..., perm]
+
+
+def convert_qk_weight(weight: Tensor, n_heads: int, src: str, dst: str, rotary_dim: int | None = None) -> Tensor:
+    """Permute the rows of a q or k projection so a model runs in the other RoPE layout.
+
+    ``weight`` is an ``nn.Linear`` weight ``(n_heads * head_dim, d_in)`` or a bias
+    ``(n_heads * head_dim,)``. The rows of each head are re-ordered by
+    :func:`layout_permutation`; a model whose ``W_q`` and ``W_k`` are converted computes the
+    same attention scores with the ``dst`` rotation as the original with the ``src`` one.
+    Converting Meta's interleaved Llama checkpoints to HuggingFace's half layout is the case
+    ``src="interleaved", dst="half"``. Values (``W_v``) and the output projection are unchanged.
+    """
+    check_tensor(weight, "weight")
+    check_positive_int(n_heads, "n_heads")
+    if weight.dim() not in (1, 2):
+        raise ValueError(f"weight must be 1-D (bias) or 2-D (n_heads * head_dim, d_in), got {tuple(weight.shape)}")
+    rows = weight.shape[0]
+    if rows % n_heads:
+        raise ValueError(f"weight has {rows} rows, not a multiple of n_heads ({n_heads})")
+    head_dim = rows // n_heads
+    perm = layout_permutation(head_dim, src, dst, rotary_dim).to(weight.device)
+    w = weight.reshape(n_heads, head_dim, *weight.shape[1:])
+    return w[:, perm].reshape(weight.shape)
