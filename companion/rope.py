@@ -417,8 +417,8 @@ def apply_rope(
     the four products is rounded to ``w``; then one rounded subtraction (``a'``) and one rounded
     addition (``b'``); no fused multiply-add; then one cast to ``x.dtype``. In the ``"half"``
     layout this equals HuggingFace's ``q * cos + rotate_half(q) * sin`` bit for bit in float32.
-    (Both code paths below compute ``a * c + b * (-s)``, which is the same number, since
-    negation is exact. A Triton kernel must be launched with ``enable_fp_fusion=False``, or the
+    (The fast CPU path computes ``a * c + b * (-s)``, the same number, since negation is
+    exact. A Triton kernel must be launched with ``enable_fp_fusion=False``, or the
     compiler may contract a product and a sum into one FMA, which rounds once instead of twice.)
 
     Tables and positions. ``cos``/``sin`` are compact float32 tables (from :func:`rope_cos_sin`):
