@@ -489,3 +489,19 @@ def test_peak_tensor_bytes_counts_live_storages():
     assert peak == 12000
     peak_view, _ = peak_tensor_bytes(lambda: x.view(10, 100).t())
     assert peak_view == 0
+
+
+def test_t5_bias_drives_the_blockwise_bias_attention():
+    """T5RelativeBias.bias as the bias_fn of companion.alibi.bias_attention (tiles of 16)."""
+    alibi = pytest.importorskip("companion.alibi")
+    torch.manual_seed(0)
+    s = T5RelativeBias(3, bidirectional=False).double()
+    q, k, v = (rand(2, 3, 37, 8, seed=i) for i in range(3))
+    ref = attention(q, k, v, s, causal=True, scale=1.0)
+    ref.square().sum().backward()
+    grad_ref = s.table.grad.clone()
+    s.table.grad = None
+    out = alibi.bias_attention(q, k, v, s.bias, causal=True, block_size=16, scale=1.0)
+    torch.testing.assert_close(out, ref)
+    out.square().sum().backward()
+    torch.testing.assert_close(s.table.grad, grad_ref)
