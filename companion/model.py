@@ -108,6 +108,11 @@ class TinyDecoder(nn.Module):
         d_ff: hidden width of the MLP (default ``4 * d_model``).
         n_kv_heads: key/value heads for grouped-query attention (default ``n_heads``).
         tie_weights: share the token embedding with the output head.
+
+    Every ``nn.Linear`` and ``nn.Embedding`` is initialised as ``N(0, 0.02)`` with zero
+    biases (GPT-2 style), *including those inside the scheme* (a learned position table, T5's
+    bucket table, Transformer-XL's projection), so that all schemes start on an equal footing.
+    Buffers (a sinusoidal table, RoPE's frequencies) are left untouched.
     """
 
     def __init__(
