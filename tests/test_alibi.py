@@ -65,6 +65,15 @@ def test_slopes_equal_paper_reference(n):
     assert torch.equal(got, expected)
 
 
+def test_slopes_equal_both_references_for_every_head_count_to_300():
+    for n in range(1, 301):
+        got = alibi_slopes(n)
+        assert torch.equal(got, torch.tensor(paper_get_slopes(n), dtype=torch.float32)), n
+        torch.testing.assert_close(
+            got.double(), torch.tensor(hf_style_slopes(n), dtype=torch.float64), rtol=1e-7, atol=0
+        )
+
+
 @pytest.mark.parametrize("n", HEAD_COUNTS + [1, 3, 5, 6, 7, 20, 80])
 def test_slopes_equal_huggingface_formulation(n):
     torch.testing.assert_close(
