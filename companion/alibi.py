@@ -457,7 +457,7 @@ def bias_attention(
     """Attention with an additive position bias, computed tile by tile: never ``L x L``.
 
     Computes ``softmax(scale * q k^T + bias(q_pos, k_pos)) v``, the same result as
-    :func:`companion.attention` with a scheme whose ``bias`` hook is ``bias_fn``, but with
+    :func:`~companion.attention.attention` with a scheme whose ``bias`` hook is ``bias_fn``, but with
     the bias produced one ``(block_q, block_k)`` tile at a time inside an online-softmax loop
     (:cite:`milakov2018online`, :cite:`rabe2021self`, :cite:`dao2022flashattention`). Extra
     memory is ``O(batch * heads * block_q * block_k)`` plus ``O(batch * heads * L * head_dim)``
@@ -483,14 +483,14 @@ def bias_attention(
         v: ``(batch, kv_heads, k_len, v_dim)``.
         bias_fn: ``bias_fn(q_pos_tile, k_pos_tile)`` returns the bias of one tile,
             broadcastable to ``(batch, heads, tile_q, tile_k)``, or ``None``. Any scheme's
-            ``bias`` method qualifies (``ALiBi(8).bias``); a :class:`PositionScheme` that uses
+            ``bias`` method qualifies (``ALiBi(8).bias``); a :class:`~companion.attention.PositionScheme` that uses
             only the ``bias`` hook may be passed directly. ``None``: no bias.
         causal: mask keys whose position is later than the query's (by position, so
             ``q_len < k_len`` KV-cache decoding and per-row positions work).
         block_size: tile size, an int or ``(block_q, block_k)``, each ``>= 1``. The default
             512 keeps one float32 logits tile at 1 MiB per (batch, head) pair.
         scale: logit scale, default ``1 / sqrt(head_dim)``; it multiplies ``q k^T`` only.
-        q_pos, k_pos: integer positions as in :func:`companion.attention` (default: keys at
+        q_pos, k_pos: integer positions as in :func:`~companion.attention.attention` (default: keys at
             ``arange(k_len)``, queries the last ``q_len`` of them).
         bias_params: trainable tensors the bias depends on, if ``bias_fn`` is a plain
             function that closes over them.
