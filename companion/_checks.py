@@ -86,3 +86,30 @@ def check_position_range(pos: torch.Tensor, name: str, low: int = 0, high: int |
             f"{name} must be < {high} (the table has {high} rows, positions 0..{high - 1}), "
             f"got a position {hi}"
         )
+
+
+def check_qkv(q: object, k: object, v: object) -> tuple[int, int, int, int, int, int]:
+    """Validate attention inputs; return ``(batch, heads, q_len, head_dim, kv_heads, k_len)``.
+
+    ``q`` is ``(batch, heads, q_len, head_dim)``, ``k`` is ``(batch, kv_heads, k_len,
+    head_dim)`` with ``heads`` a multiple of ``kv_heads`` (grouped-query attention), ``v`` is
+    ``(batch, kv_heads, k_len, v_dim)``; all three share one floating dtype.
+    """
+    check_tensor(q, "q", 4)
+    check_tensor(k, "k", 4)
+    check_tensor(v, "v", 4)
+    b, h, lq, d = q.shape
+    bk, hk, lk, dk = k.shape
+    if bk != b:
+        raise ValueError(f"k batch size {bk} must equal q batch size {b}")
+    if dk != d:
+        raise ValueError(f"k head_dim {dk} must equal q head_dim {d}")
+    if hk < 1 or h % hk:
+        raise ValueError(f"q heads ({h}) must be a multiple of k heads ({hk})")
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(
+            f"v shape {tuple(v.shape)} must match k in (batch, heads, seq) = {tuple(k.shape[:3])}"
+        )
+    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
+        raise ValueError(f"q, k, v must share a floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    return b, h, lq, d, hk, lk

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from ._checks import as_positions, check_positive_int, check_tensor
+from ._checks import as_positions, check_positive_int, check_qkv, check_tensor
 from .attention import PositionScheme, causal_mask
 
 __all__ = ["ALIBI_FORMS", "ALiBi", "alibi_bias", "alibi_slopes", "bias_attention"]
@@ -499,23 +499,7 @@ def bias_attention(
         ``(batch, heads, q_len, v_dim)`` in ``q``'s dtype; the math runs in float32 for
         half-precision input. A query that may attend no key gets a zero output.
     """
-    check_tensor(q, "q", 4)
-    check_tensor(k, "k", 4)
-    check_tensor(v, "v", 4)
-    b, h, lq, d = q.shape
-    bk_, hk, lk, dk = k.shape
-    if bk_ != b:
-        raise ValueError(f"k batch size {bk_} must equal q batch size {b}")
-    if dk != d:
-        raise ValueError(f"k head_dim {dk} must equal q head_dim {d}")
-    if hk < 1 or h % hk:
-        raise ValueError(f"q heads ({h}) must be a multiple of k heads ({hk})")
-    if v.shape[:3] != k.shape[:3]:
-        raise ValueError(
-            f"v shape {tuple(v.shape)} must match k in (batch, heads, seq) = {tuple(k.shape[:3])}"
-        )
-    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
-        raise ValueError(f"q, k, v must share a floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    b, h, lq, d, hk, lk = check_qkv(q, k, v)
     bq, bkk = _block_sizes(block_size)
     params = list(bias_params or [])
     if isinstance(bias_fn, PositionScheme):

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from ._checks import as_positions, check_tensor
+from ._checks import as_positions, check_qkv, check_tensor
 
 __all__ = ["HOOKS", "PositionScheme", "NoPE", "attention", "causal_mask"]
 
@@ -176,23 +176,7 @@ def attention(
         asked. Math runs in float32 for half-precision inputs. A query that may attend no
         key at all gets all-zero weights and a zero output (not NaN).
     """
-    check_tensor(q, "q", 4)
-    check_tensor(k, "k", 4)
-    check_tensor(v, "v", 4)
-    b, h, lq, d = q.shape
-    bk, hk, lk, dk = k.shape
-    if bk != b:
-        raise ValueError(f"k batch size {bk} must equal q batch size {b}")
-    if dk != d:
-        raise ValueError(f"k head_dim {dk} must equal q head_dim {d}")
-    if hk < 1 or h % hk:
-        raise ValueError(f"q heads ({h}) must be a multiple of k heads ({hk})")
-    if v.shape[:3] != k.shape[:3]:
-        raise ValueError(
-            f"v shape {tuple(v.shape)} must match k in (batch, heads, seq) = {tuple(k.shape[:3])}"
-        )
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    b, h, lq, d, hk, lk = check_qkv(q, k, v)
     scheme = NoPE() if scheme is None else scheme
     if not isinstance(scheme, PositionScheme):
         raise TypeError(f"scheme must be a companion PositionScheme, got {type(scheme).__name__}")

@@ -374,8 +374,9 @@ class TransformerXL(PositionScheme):
         bidirectional: embed negative distances too.
 
     Attributes:
-        u, v: ``(num_heads, head_dim)`` parameters; ``r_proj``: ``nn.Linear(d_r,
-        num_heads * head_dim, bias=False)``, the paper's ``W_{k,R}``.
+        u: ``(num_heads, head_dim)`` parameter, the global content bias.
+        v: ``(num_heads, head_dim)`` parameter, the global position bias.
+        r_proj: ``nn.Linear(d_r, num_heads * head_dim, bias=False)``, the paper's ``W_{k,R}``.
     """
 
     def __init__(self, num_heads: int, head_dim: int, d_r: int | None = None, *,
@@ -543,6 +544,10 @@ class T5RelativeBias(PositionScheme):
             ``...SelfAttention.relative_attention_bias.weight`` loads directly. :attr:`table`
             is its weight, ``(num_buckets, num_heads)``, for kernels.
     """
+
+    #: The bias depends only on ``k_pos - q_pos``, so :func:`companion.alibi.bias_attention`
+    #: may compute one tile per diagonal of tiles and reuse it.
+    relative_bias = True
 
     def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128,
                  bidirectional: bool = True) -> None:

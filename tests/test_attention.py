@@ -272,7 +272,7 @@ def test_position_errors():
 
 def test_other_argument_errors():
     q, k, v = qkv()
-    with pytest.raises(ValueError, match="must share a dtype"):
+    with pytest.raises(ValueError, match="must share a floating dtype"):
         attention(q.float(), k, v)
     with pytest.raises(TypeError, match="scheme must be a companion PositionScheme"):
         attention(q, k, v, scheme=torch.nn.Identity())
