@@ -271,7 +271,8 @@ def bench_attention(cfg: dict, device: torch.device, repeats: int) -> list[dict]
             fl_f = attention_flops(batch, seq, h, d)
             fl_fb = attention_flops(batch, seq, h, d, backward=True)
             row["forward_TFLOPs"] = {n: (fl_f / (ms * 1e9) if ms else None) for n, ms in row["forward_ms"].items()}
-            row["fwd_bwd_TFLOPs"] = {n: (fl_fb / (ms * 1e9) if ms else None) for n, ms in row["fwd_bwd_ms"].items()}
+            row["fwd_bwd_TFLOPs"] = {n: (fl_fb / (ms * 1e9) if ms else None)
+                                     for n, ms in row["fwd_bwd_ms"].items()}
             ceiling = row["forward_ms"]["sdpa_causal"]
             row["forward_slowdown_vs_sdpa_causal"] = {
                 n: (ms / ceiling if ms and ceiling else None) for n, ms in row["forward_ms"].items()}
@@ -367,8 +368,9 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summary,
     }
     if args.out:
-        cmd = "python benchmarks/gpu_kernels.py" + (" " + " ".join(argv) if argv else " ".join([""] + sys.argv[1:]))
-        path = save_result(args.out, data, command=cmd.strip())
+        args_used = argv if argv is not None else sys.argv[1:]
+        cmd = " ".join(["python benchmarks/gpu_kernels.py", *args_used])
+        path = save_result(args.out, data, command=cmd)
         print(f"wrote {path}")
     return 0
 

@@ -172,6 +172,22 @@ def test_t5_bucket_is_constant_beyond_max_distance():
                 assert (b == b[0]).all(), (bidirectional, num_buckets, max_distance, sign)
 
 
+@pytest.mark.parametrize("bias", ["alibi", "t5"])
+def test_default_and_explicit_positions_take_two_paths_to_one_result(bias):
+    """Default positions are computed in the kernels (nothing loaded, loop bounds derived in
+    place); explicit ones are loaded, with bounds from the host. Both must agree exactly."""
+    t5 = make_t5(2, bidirectional=False, seed=8)
+    kw = dict(bias=bias, causal=True, **({"t5": t5} if bias == "t5" else {}))
+    results = []
+    for explicit in (False, True):
+        q, k, v = (rand(1, 2, n, 64, seed=s).requires_grad_() for s, n in ((9, 70), (10, 200), (11, 200)))
+        pos = dict(q_pos=torch.arange(130, 200), k_pos=torch.arange(200)) if explicit else {}
+        out = flash_attention_with_bias(q, k, v, **kw, **pos)
+        results.append((out, *torch.autograd.grad(out.sum(), (q, k, v))))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
 def test_t5_tuple_form_equals_module_form():
     t5 = make_t5(2, bidirectional=True, seed=4)
     q, k, v = (rand(1, 2, 50, 64, seed=s) for s in (5, 6, 7))

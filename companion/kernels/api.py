@@ -141,7 +141,8 @@ def _table_rows(cos: Tensor, batch: int, seq: int, positions: Tensor | Sequence[
             raise IndexError(f"offset must be >= 0, got {start}")
         if start + seq > table_len:
             raise IndexError(
-                f"offset + seq = {start} + {seq} must be <= the table length {table_len} (build longer cos/sin tables)"
+                f"offset + seq = {start} + {seq} must be <= the table length {table_len} "
+                "(build longer cos/sin tables)"
             )
         rows["row_base"] = start
         return rows
@@ -270,12 +271,34 @@ def _t5_spec(t5: object, heads: int) -> tuple[Tensor, int, int, bool, T5Relative
 
 
 def _attention_positions(pos: object, name: str, length: int, batch: int, device: torch.device,
-                         default_start: int) -> Tensor:
-    p = as_positions(pos, name, length, batch, device, default_start=default_start)
-    if p.numel() and (int(p.min()) <= -_POS_LIMIT or int(p.max()) >= _POS_LIMIT):
+                         default_start: int) -> tuple[Tensor | None, int, int]:
+    """``(positions or None, lowest, highest)``. None stands for the default
+    ``arange(default_start, default_start + length)``, whose range needs no device sync."""
+    if pos is None:
+        return None, default_start, default_start + length - 1
+    p = as_positions(pos, name, length, batch, device)
+    if not p.numel():
+        return p, 0, -1
+    lo, hi = (int(x) for x in torch.aminmax(p))
+    if lo <= -_POS_LIMIT or hi >= _POS_LIMIT:
         raise ValueError(f"{name} must lie in (-2**30, 2**30) for the attention kernel, got "
-                         f"a position {int(p.abs().max())}")
-    return p
+                         f"a position {hi if hi >= _POS_LIMIT else lo}")
+    return p, lo, hi
+
+
+_CACHE_LIMIT = 64
+_slopes_cache: dict[tuple[int, torch.device], Tensor] = {}
+_bucket_cache: dict[tuple, Tensor] = {}
+
+
+def _cached(cache: dict, key: tuple, make) -> Tensor:
+    """A small memo for per-call host tensors (default slopes, T5 buckets of an offset range),
+    so that a call launches no extra kernels to rebuild them."""
+    if key not in cache:
+        if len(cache) >= _CACHE_LIMIT:
+            cache.clear()
+        cache[key] = make()
+    return cache[key]
 
 
 def _reference_attention(q: Tensor, k: Tensor, v: Tensor, kind: str | None, slopes: Tensor | None,
@@ -395,21 +418,26 @@ def flash_attention_with_bias(
         raise ValueError("t5 is only used with bias='t5'")
     slopes = None
     if bias == "alibi":
-        slopes = alibi_slopes_fn(h, device=q.device) if alibi_slopes is None else alibi_slopes
-        check_tensor(slopes, "alibi_slopes", 1)
-        if slopes.shape != (h,) or not slopes.dtype.is_floating_point:
-            raise ValueError(f"alibi_slopes must be a float tensor of shape (heads,) = ({h},), got "
-                             f"{tuple(slopes.shape)} {slopes.dtype}")
-        slopes = slopes.detach().to(device=q.device, dtype=torch.float32).contiguous()
+        if alibi_slopes is None:
+            slopes = _cached(_slopes_cache, (h, q.device), lambda: alibi_slopes_fn(h, device=q.device))
+        else:
+            slopes = alibi_slopes
+            check_tensor(slopes, "alibi_slopes", 1)
+            if slopes.shape != (h,) or not slopes.dtype.is_floating_point:
+                raise ValueError(f"alibi_slopes must be a float tensor of shape (heads,) = ({h},), got "
+                                 f"{tuple(slopes.shape)} {slopes.dtype}")
+            slopes = slopes.detach().to(device=q.device, dtype=torch.float32).contiguous()
     spec: tuple = ()
     if bias == "t5":
         if t5 is None:
-            raise ValueError("bias='t5' needs t5=T5RelativeBias(...) or (table, num_buckets, max_distance, bidirectional)")
+            raise ValueError("bias='t5' needs t5=T5RelativeBias(...) or "
+                             "(table, num_buckets, max_distance, bidirectional)")
         spec = _t5_spec(t5, h)
         if spec[0].device != q.device:
             raise ValueError(f"the t5 table is on {spec[0].device} but q is on {q.device}")
-    q_pos = _attention_positions(q_pos, "q_pos", lq, b, q.device, max(lk - lq, 0))
-    k_pos = _attention_positions(k_pos, "k_pos", lk, b, q.device, 0)
+    q0 = max(lk - lq, 0)
+    q_pos, q_lo, q_hi = _attention_positions(q_pos, "q_pos", lq, b, q.device, q0)
+    k_pos, k_lo, k_hi = _attention_positions(k_pos, "k_pos", lk, b, q.device, 0)
 
     use_ref = (_dispatch.backend(q.device, "attention") == "torch" or q.dtype not in KERNEL_DTYPES
                or q.numel() == 0 or k.numel() == 0)
@@ -417,9 +445,15 @@ def flash_attention_with_bias(
         return _reference_attention(q, k, v, bias, slopes, spec, causal, scale, q_pos, k_pos)
 
     kern = _dispatch.module("attention")
-    qp = (q_pos if q_pos.dim() == 2 else q_pos[None]).int().contiguous()
-    kp = (k_pos if k_pos.dim() == 2 else k_pos[None]).int().contiguous()
-    meta = dict(q_pos=qp, k_pos=kp, bias=0, slopes=slopes, t5_lo=0, t5_hi=0, causal=causal, scale=scale)
+    meta = dict(q_pos=None, k_pos=None, q0=q0, k0=0, bias=0, slopes=slopes, t5_lo=0, t5_hi=0,
+                causal=causal, scale=scale)
+    if q_pos is not None or k_pos is not None:  # positions given: the kernels load them
+        if q_pos is None:
+            q_pos = torch.arange(q0, q0 + lq, device=q.device)
+        if k_pos is None:
+            k_pos = torch.arange(lk, device=q.device)
+        meta["q_pos"] = (q_pos if q_pos.dim() == 2 else q_pos[None]).int().contiguous()
+        meta["k_pos"] = (k_pos if k_pos.dim() == 2 else k_pos[None]).int().contiguous()
     vec = q.new_zeros(1, dtype=torch.float32)
     if bias == "alibi":
         meta["bias"] = 1
@@ -427,11 +461,11 @@ def flash_attention_with_bias(
         table, num_buckets, max_distance, bidirectional, _ = spec
         # Every offset k_pos - q_pos that occurs, clamped to [-max_distance, max_distance]:
         # beyond that distance the bucket is the last one of its direction and never changes.
-        lo = int(kp.min()) - int(qp.max())
-        hi = int(kp.max()) - int(qp.min())
-        lo, hi = (min(max(x, -max_distance), max_distance) for x in (lo, hi))
-        offsets = torch.arange(lo, hi + 1, device=q.device)
-        buckets = t5_relative_position_bucket(offsets, bidirectional, num_buckets, max_distance)
+        lo, hi = (min(max(x, -max_distance), max_distance) for x in (k_lo - q_hi, k_hi - q_lo))
+        buckets = _cached(
+            _bucket_cache, (q.device, lo, hi, num_buckets, max_distance, bidirectional),
+            lambda: t5_relative_position_bucket(torch.arange(lo, hi + 1, device=q.device), bidirectional,
+                                                num_buckets, max_distance))
         vec = table[buckets].t().float().contiguous()  # (heads, offsets): differentiable
         meta.update(bias=2, t5_lo=lo, t5_hi=hi)
     return kern.FlashBiasAttention.apply(q, k, v, vec, meta)

@@ -23,9 +23,10 @@ the probabilities of each tile from ``q, k``, the bias and the saved log-sum-exp
 gradient is summed per offset with float32 atomics (so its last bits depend on the order of
 the additions), then scattered onto the buckets by autograd on the host.
 
-Causal masking is by position (``k_pos <= q_pos``), like :func:`companion.attention`; when
-the positions increase along the sequence (the usual case) the host computes, per block, how
-far the loops must go, so key blocks entirely in the future are never visited.
+Causal masking is by position (``k_pos <= q_pos``), like
+:func:`companion.attention.attention`; when the positions increase along the sequence (the
+usual case) the host computes, per block, how far the loops must go, so key blocks entirely
+in the future are never visited.
 
 The math is float32 throughout (every load is widened at once: Triton's interpreter gets
 bfloat16 wrong otherwise). On a GPU the two matrix products take their operands in the
@@ -61,6 +62,29 @@ def _load_rows(base, offs_rows, stride_row, offs_d, rows_ok, d_ok, DOT_F32: tl.c
 
 
 @triton.jit
+def _positions(POS, stride_b, b, offs, ok, start, CONTIG: tl.constexpr):
+    """Positions of rows ``offs``: ``start + offs`` when the positions are the default
+    contiguous ones (nothing to load), otherwise loaded (shared or per batch row)."""
+    if CONTIG:
+        pos = start + offs
+    else:
+        pos = tl.load(POS + b * stride_b + offs, mask=ok, other=0)
+    return pos
+
+
+@triton.jit
+def _causal_kv_end(KV_END, kve_b, b, pid_m, q_len, k_len, q0, k0,
+                   BLOCK_M: tl.constexpr, CONTIG: tl.constexpr):
+    """How many keys query block ``pid_m`` must visit under the causal mask."""
+    if CONTIG:  # the block's last query is at q0 + min(end, q_len) - 1; key j is at k0 + j
+        last = q0 + tl.minimum((pid_m + 1) * BLOCK_M, q_len) - 1
+        end = tl.minimum(tl.maximum(last - k0 + 1, 0), k_len)
+    else:
+        end = tl.load(KV_END + b * kve_b + pid_m)  # computed on the host (see kv_end)
+    return end
+
+
+@triton.jit
 def _tile_logits(q, kt, qp, kp, valid, scale_log2, slope_log2, t5_row, t5_lo, t5_hi,
                  BIAS: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
     """Logits of one tile in base-2 units, ``log2(e) * (scale * q k^T + bias)``, ``-inf`` where
@@ -78,13 +102,12 @@ def _tile_logits(q, kt, qp, kp, valid, scale_log2, slope_log2, t5_row, t5_lo, t5
 
 
 @triton.jit
-def _query_stats(LSE, DELTA, QPOS, b, bh, offs_m, m_ok, q_len, sqp_b):
-    """The saved log-sum-exp (base 2), ``D = rowsum(dO * O)`` and positions of query rows."""
+def _query_stats(LSE, DELTA, bh, offs_m, m_ok, q_len):
+    """The saved log-sum-exp (base 2) and ``D = rowsum(dO * O)`` of query rows."""
     row = bh.to(tl.int64) * q_len + offs_m
     lse = tl.load(LSE + row, mask=m_ok, other=float("inf"))  # +inf: probability 0
     delta = tl.load(DELTA + row, mask=m_ok, other=0.0)
-    qp = tl.load(QPOS + b * sqp_b + offs_m, mask=m_ok, other=0)
-    return lse, delta, qp
+    return lse, delta
 
 
 @triton.jit
@@ -103,9 +126,10 @@ def attn_fwd_kernel(
     Q, K, V, O, LSE, QPOS, KPOS, KV_END, SLOPES, T5VEC,
     sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b, so_h, so_s,
     sqp_b, skp_b, kve_b,
-    n_heads, group, q_len, k_len, scale_log2, t5_lo, t5_hi, t5_n,
+    n_heads, group, q_len, k_len, scale_log2, t5_lo, t5_hi, t5_n, q0, k0,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BIAS: tl.constexpr, CAUSAL: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr,
+    BIAS: tl.constexpr, CAUSAL: tl.constexpr, CONTIG: tl.constexpr, DOT_F32: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     """Grid ``(cdiv(q_len, BLOCK_M), batch * heads)``: one query block of one head."""
     pid_m = tl.program_id(0)
@@ -119,7 +143,7 @@ def attn_fwd_kernel(
     d_ok = offs_d < HEAD_DIM
 
     q = _load_rows(Q + b * sq_b + h * sq_h, offs_m, sq_s, offs_d, m_ok, d_ok, DOT_F32)
-    qp = tl.load(QPOS + b * sqp_b + offs_m, mask=m_ok, other=0)
+    qp = _positions(QPOS, sqp_b, b, offs_m, m_ok, q0, CONTIG)
     slope_log2 = tl.load(SLOPES + h).to(tl.float32) * 1.4426950408889634
     t5_row = T5VEC + h * t5_n
 
@@ -127,14 +151,14 @@ def attn_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running normaliser
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)  # running unnormalised output
     kv_end = k_len
-    if CAUSAL:
-        kv_end = tl.load(KV_END + b * kve_b + pid_m)  # keys beyond are in every query's future
+    if CAUSAL:  # keys beyond are in the future of every query of the block
+        kv_end = _causal_kv_end(KV_END, kve_b, b, pid_m, q_len, k_len, q0, k0, BLOCK_M, CONTIG)
     for start_n in range(0, kv_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < k_len
         k = _load_rows(K + b * sk_b + hk * sk_h, offs_n, sk_s, offs_d, n_ok, d_ok, DOT_F32)
         v = _load_rows(V + b * sv_b + hk * sv_h, offs_n, sv_s, offs_d, n_ok, d_ok, DOT_F32)
-        kp = tl.load(KPOS + b * skp_b + offs_n, mask=n_ok, other=0)
+        kp = _positions(KPOS, skp_b, b, offs_n, n_ok, k0, CONTIG)
         s, valid = _tile_logits(q, tl.trans(k), qp, kp, m_ok[:, None] & n_ok[None, :], scale_log2,
                                 slope_log2, t5_row, t5_lo, t5_hi, BIAS, CAUSAL, PREC)
         # Online softmax: rescale what was accumulated by 2^(m_old - m_new), add this tile.
@@ -160,9 +184,10 @@ def attn_bwd_dkdv_kernel(
     sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sdo_b, sdo_h, sdo_s,
     sdk_b, sdk_h, sdk_s,
     sqp_b, skp_b, qs_b,
-    n_heads, group, q_len, k_len, scale, scale_log2, t5_lo, t5_hi, t5_n,
+    n_heads, group, q_len, k_len, scale, scale_log2, t5_lo, t5_hi, t5_n, q0, k0,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BIAS: tl.constexpr, CAUSAL: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr,
+    BIAS: tl.constexpr, CAUSAL: tl.constexpr, CONTIG: tl.constexpr, DOT_F32: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     """Grid ``(cdiv(k_len, BLOCK_N), batch * heads)``: ``dK, dV`` of one key block of one query
     head (summed over the heads of a group on the host), and the T5 offset gradient."""
@@ -179,7 +204,7 @@ def attn_bwd_dkdv_kernel(
     k = _load_rows(K + b * sk_b + hk * sk_h, offs_n, sk_s, offs_d, n_ok, d_ok, DOT_F32)
     v = _load_rows(V + b * sv_b + hk * sv_h, offs_n, sv_s, offs_d, n_ok, d_ok, DOT_F32)
     kt = tl.trans(k)
-    kp = tl.load(KPOS + b * skp_b + offs_n, mask=n_ok, other=0)
+    kp = _positions(KPOS, skp_b, b, offs_n, n_ok, k0, CONTIG)
     slope_log2 = tl.load(SLOPES + h).to(tl.float32) * 1.4426950408889634
     t5_row = T5VEC + h * t5_n
     dt5_row = DT5 + h * t5_n
@@ -187,14 +212,18 @@ def attn_bwd_dkdv_kernel(
     dk = tl.zeros([BLOCK_N, D_PAD], tl.float32)
     dv = tl.zeros([BLOCK_N, D_PAD], tl.float32)
     q_start = 0
-    if CAUSAL:
-        q_start = tl.load(Q_START + b * qs_b + pid_n)  # earlier queries see none of these keys
+    if CAUSAL:  # earlier queries see none of these keys
+        if CONTIG:  # the first query at or after this block's first key, k0 + pid_n * BLOCK_N
+            q_start = tl.maximum(k0 + pid_n * BLOCK_N - q0, 0) // BLOCK_M * BLOCK_M
+        else:
+            q_start = tl.load(Q_START + b * qs_b + pid_n)  # computed on the host (see q_start)
     for start_m in range(q_start, q_len, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         m_ok = offs_m < q_len
         q = _load_rows(Q + b * sq_b + h * sq_h, offs_m, sq_s, offs_d, m_ok, d_ok, DOT_F32)
         do = _load_rows(DO + b * sdo_b + h * sdo_h, offs_m, sdo_s, offs_d, m_ok, d_ok, DOT_F32)
-        lse, delta, qp = _query_stats(LSE, DELTA, QPOS, b, bh, offs_m, m_ok, q_len, sqp_b)
+        lse, delta = _query_stats(LSE, DELTA, bh, offs_m, m_ok, q_len)
+        qp = _positions(QPOS, sqp_b, b, offs_m, m_ok, q0, CONTIG)
         p, ds, valid = _tile_grads(q, kt, v, do, lse, delta, qp, kp, m_ok[:, None] & n_ok[None, :],
                                    scale_log2, slope_log2, t5_row, t5_lo, t5_hi, BIAS, CAUSAL, PREC)
         dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
@@ -222,9 +251,10 @@ def attn_bwd_dq_kernel(
     sq_b, sq_h, sq_s, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sdo_b, sdo_h, sdo_s,
     sdq_b, sdq_h, sdq_s,
     sqp_b, skp_b, kve_b,
-    n_heads, group, q_len, k_len, scale, scale_log2, t5_lo, t5_hi, t5_n,
+    n_heads, group, q_len, k_len, scale, scale_log2, t5_lo, t5_hi, t5_n, q0, k0,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BIAS: tl.constexpr, CAUSAL: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr,
+    BIAS: tl.constexpr, CAUSAL: tl.constexpr, CONTIG: tl.constexpr, DOT_F32: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     """Grid ``(cdiv(q_len, BLOCK_M), batch * heads)``: ``dQ`` of one query block of one head."""
     pid_m = tl.program_id(0)
@@ -239,20 +269,21 @@ def attn_bwd_dq_kernel(
 
     q = _load_rows(Q + b * sq_b + h * sq_h, offs_m, sq_s, offs_d, m_ok, d_ok, DOT_F32)
     do = _load_rows(DO + b * sdo_b + h * sdo_h, offs_m, sdo_s, offs_d, m_ok, d_ok, DOT_F32)
-    lse, delta, qp = _query_stats(LSE, DELTA, QPOS, b, bh, offs_m, m_ok, q_len, sqp_b)
+    lse, delta = _query_stats(LSE, DELTA, bh, offs_m, m_ok, q_len)
+    qp = _positions(QPOS, sqp_b, b, offs_m, m_ok, q0, CONTIG)
     slope_log2 = tl.load(SLOPES + h).to(tl.float32) * 1.4426950408889634
     t5_row = T5VEC + h * t5_n
 
     dq = tl.zeros([BLOCK_M, D_PAD], tl.float32)
     kv_end = k_len
     if CAUSAL:
-        kv_end = tl.load(KV_END + b * kve_b + pid_m)
+        kv_end = _causal_kv_end(KV_END, kve_b, b, pid_m, q_len, k_len, q0, k0, BLOCK_M, CONTIG)
     for start_n in range(0, kv_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < k_len
         k = _load_rows(K + b * sk_b + hk * sk_h, offs_n, sk_s, offs_d, n_ok, d_ok, DOT_F32)
         v = _load_rows(V + b * sv_b + hk * sv_h, offs_n, sv_s, offs_d, n_ok, d_ok, DOT_F32)
-        kp = tl.load(KPOS + b * skp_b + offs_n, mask=n_ok, other=0)
+        kp = _positions(KPOS, skp_b, b, offs_n, n_ok, k0, CONTIG)
         _, ds, _ = _tile_grads(q, tl.trans(k), v, do, lse, delta, qp, kp, m_ok[:, None] & n_ok[None, :],
                                scale_log2, slope_log2, t5_row, t5_lo, t5_hi, BIAS, CAUSAL, PREC)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
@@ -278,9 +309,13 @@ def _fwd_config(d_pad: int) -> dict:
 
 
 def _bwd_config(d_pad: int) -> dict:
-    if d_pad <= 128:
+    """The dK/dV program keeps two float32 ``BLOCK_N x D_PAD`` accumulators: 8 warps for wide
+    heads keep them in registers."""
+    if d_pad <= 64:
         return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
-    return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
+    if d_pad <= 128:
+        return dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2)
+    return dict(BLOCK_M=32, BLOCK_N=32, num_warps=8, num_stages=1)
 
 
 def _block_reduce(pos: Tensor, block: int, fill: int, reduce: str) -> Tensor:
@@ -345,13 +380,17 @@ class FlashBiasAttention(torch.autograd.Function):
     """Flash attention with an in-kernel ALiBi or T5 bias; gradients for q, k, v and the T5
     per-offset vector (from which autograd scatters the table gradient onto the buckets).
 
-    ``meta`` holds the non-tensor arguments and the position tensors: ``q_pos``, ``k_pos``
-    (int32, ``(1 or batch, len)``), ``bias`` (0, 1, 2), ``slopes`` (float32 ``(heads,)`` or
-    None), ``t5_lo``, ``t5_hi``, ``causal``, ``scale``.
+    ``meta`` holds the non-tensor arguments: ``bias`` (0 none, 1 ALiBi, 2 T5), ``slopes``
+    (float32 ``(heads,)`` or None), ``t5_lo``/``t5_hi`` (the clamped offset range of the
+    per-offset vector), ``causal``, ``scale``, and the positions: either ``q_pos``/``k_pos``
+    (int32 ``(1 or batch, len)``), or both None for the default contiguous positions
+    ``q0 + i`` and ``k0 + j``, which the kernels compute instead of loading.
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, t5_vec: Tensor, meta: dict) -> Tensor:  # type: ignore[override]
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, t5_vec: Tensor,  # type: ignore[override]
+                meta: dict) -> Tensor:
+        """Run the forward kernel; save the inputs, the output and the row log-sum-exp."""
         out, lse = _forward(q, k, v, t5_vec, meta)
         ctx.save_for_backward(q, k, v, t5_vec, out, lse)
         ctx.meta = meta
@@ -359,10 +398,29 @@ class FlashBiasAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout: Tensor):  # type: ignore[override]
+        """Recompute the tiles: gradients of q, k, v and of the T5 per-offset vector."""
         q, k, v, t5_vec, out, lse = ctx.saved_tensors
         dq, dk, dv, dvec = _backward(q, k, v, t5_vec, out, lse, dout, ctx.meta,
                                      want_vec=ctx.needs_input_grad[3])
         return dq, dk, dv, dvec, None
+
+
+def _batch_stride(t: Tensor) -> int:
+    """Stride of the batch axis of a ``(1 or batch, n)`` tensor, 0 when shared."""
+    return t.stride(0) if t.shape[0] > 1 else 0
+
+
+def _position_args(meta: dict, device: torch.device, causal_tables: tuple[int, int, int] | None):
+    """``(q_pos, k_pos, kv_end table, q_start table)`` for a launch. With the default
+    contiguous positions, the kernels compute everything and get a dummy in each slot."""
+    if meta["q_pos"] is None:
+        dummy = torch.zeros(1, 1, dtype=torch.int32, device=device)
+        return dummy, dummy, dummy, dummy
+    qp, kp = meta["q_pos"], meta["k_pos"]
+    if not (meta["causal"] and causal_tables):
+        return qp, kp, qp, qp
+    block_m_end, block_m_start, block_n_start = causal_tables
+    return qp, kp, kv_end(qp, kp, block_m_end), q_start(qp, kp, block_m_start, block_n_start)
 
 
 def _forward(q: Tensor, k: Tensor, v: Tensor, t5_vec: Tensor, meta: dict) -> tuple[Tensor, Tensor]:
@@ -370,20 +428,18 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, t5_vec: Tensor, meta: dict) -> tup
     hk, lk = k.shape[1], k.shape[2]
     opts = _common(q, k, q.dtype)
     cfg = _fwd_config(opts["D_PAD"])
-    q_pos, k_pos = meta["q_pos"], meta["k_pos"]
-    ends = kv_end(q_pos, k_pos, cfg["BLOCK_M"]) if meta["causal"] else q_pos
+    qp, kp, ends, _ = _position_args(meta, q.device, (cfg["BLOCK_M"], 1, 1))
     out = torch.empty_like(q)
     lse = torch.empty(b, h, lq, device=q.device, dtype=torch.float32)
-    slopes = _slopes(meta, h, q.device)
     grid = (triton.cdiv(lq, cfg["BLOCK_M"]), b * h)
     attn_fwd_kernel[grid](
-        q, k, v, out, lse, q_pos, k_pos, ends, slopes, t5_vec,
+        q, k, v, out, lse, qp, kp, ends, _slopes(meta, h, q.device), t5_vec,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        q_pos.stride(0) if q_pos.shape[0] > 1 else 0, k_pos.stride(0) if k_pos.shape[0] > 1 else 0,
-        ends.stride(0) if ends.shape[0] > 1 else 0,
+        _batch_stride(qp), _batch_stride(kp), _batch_stride(ends),
         h, h // hk, lq, lk, meta["scale"] * LOG2E, meta["t5_lo"], meta["t5_hi"], t5_vec.shape[-1],
-        BIAS=meta["bias"], CAUSAL=meta["causal"], **opts, **cfg,
+        meta["q0"], meta["k0"],
+        BIAS=meta["bias"], CAUSAL=meta["causal"], CONTIG=meta["q_pos"] is None, **opts, **cfg,
     )
     return out, lse
 
@@ -399,10 +455,7 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, t5_vec: Tensor, out: Tensor, lse:
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
     # D_i = sum_d dO_id O_id, one float per query row (FlashAttention-2's preprocessing step)
     delta = (dout.float() * out.float()).sum(-1).contiguous()
-    q_pos, k_pos = meta["q_pos"], meta["k_pos"]
-    causal = meta["causal"]
-    starts = q_start(q_pos, k_pos, bm, bn) if causal else q_pos
-    ends = kv_end(q_pos, k_pos, bm) if causal else q_pos
+    qp, kp, ends, starts = _position_args(meta, q.device, (bm, bm, bn))
     slopes = _slopes(meta, h, q.device)
     # Grouped-query attention: dK, dV per query head in float32, summed over each group below.
     grad_dtype = k.dtype if group == 1 else torch.float32
@@ -410,22 +463,20 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, t5_vec: Tensor, out: Tensor, lse:
     dv = torch.empty(b, h, lk, d, device=q.device, dtype=grad_dtype)
     dq = torch.empty_like(q)
     dvec = torch.zeros_like(t5_vec, dtype=torch.float32)
-    pos_strides = (q_pos.stride(0) if q_pos.shape[0] > 1 else 0, k_pos.stride(0) if k_pos.shape[0] > 1 else 0)
     common = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
               v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2))
     tail = (h, group, lq, lk, meta["scale"], meta["scale"] * LOG2E, meta["t5_lo"], meta["t5_hi"],
-            t5_vec.shape[-1])
+            t5_vec.shape[-1], meta["q0"], meta["k0"])
+    flags = dict(BIAS=meta["bias"], CAUSAL=meta["causal"], CONTIG=meta["q_pos"] is None, **opts, **cfg)
     attn_bwd_dkdv_kernel[(triton.cdiv(lk, bn), b * h)](
-        q, k, v, dout, lse, delta, dk, dv, q_pos, k_pos, starts, slopes, t5_vec, dvec,
+        q, k, v, dout, lse, delta, dk, dv, qp, kp, starts, slopes, t5_vec, dvec,
         *common, dk.stride(0), dk.stride(1), dk.stride(2),
-        *pos_strides, starts.stride(0) if starts.shape[0] > 1 else 0, *tail,
-        BIAS=meta["bias"], CAUSAL=causal, **opts, **cfg,
+        _batch_stride(qp), _batch_stride(kp), _batch_stride(starts), *tail, **flags,
     )
     attn_bwd_dq_kernel[(triton.cdiv(lq, bm), b * h)](
-        q, k, v, dout, lse, delta, dq, q_pos, k_pos, ends, slopes, t5_vec,
+        q, k, v, dout, lse, delta, dq, qp, kp, ends, slopes, t5_vec,
         *common, dq.stride(0), dq.stride(1), dq.stride(2),
-        *pos_strides, ends.stride(0) if ends.shape[0] > 1 else 0, *tail,
-        BIAS=meta["bias"], CAUSAL=causal, **opts, **cfg,
+        _batch_stride(qp), _batch_stride(kp), _batch_stride(ends), *tail, **flags,
     )
     if group > 1:
         dk = dk.view(b, hk, group, lk, d).sum(2).to(k.dtype)

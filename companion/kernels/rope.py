@@ -132,10 +132,10 @@ def launch_rope(
     q: Tensor, k: Tensor, q_out: Tensor, k_out: Tensor, cos: Tensor, sin: Tensor,
     rows: dict, *, layout: str, rotary_dim: int, inverse: bool = False,
 ) -> None:
-    """Run :func:`rope_kernel` once for ``q`` and ``k``.
+    """Run ``rope_kernel`` once for ``q`` and ``k``.
 
     ``cos``/``sin`` are 2-D contiguous tables ``(rows, rotary_dim // 2)``; ``rows`` is the
-    table-row recipe built by :func:`companion.kernels.api._table_rows` (keys ``pos``,
+    table-row recipe built by ``companion.kernels.api._table_rows`` (keys ``pos``,
     ``pos_stride_b``, ``pos_stride_s``, ``row_stride_b``, ``row_coef_s``, ``row_base``).
     The last dimension of every 4-D tensor has stride 1 (checked by the caller).
     """
@@ -169,6 +169,7 @@ class FusedRope(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, rows: dict,  # type: ignore[override]
                 layout: str, rotary_dim: int) -> tuple[Tensor, Tensor]:
+        """Rotate ``q`` and ``k`` into fresh tensors; save the tables for the backward pass."""
         q_out, k_out = torch.empty_like(q), torch.empty_like(k)
         launch_rope(q, k, q_out, k_out, cos, sin, rows, layout=layout, rotary_dim=rotary_dim)
         ctx.save_for_backward(cos, sin, *(t for t in (rows["pos"],) if t is not None))
@@ -177,6 +178,7 @@ class FusedRope(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dq_out: Tensor, dk_out: Tensor):  # type: ignore[override]
+        """Rotate the incoming gradients by the opposite angles (one launch for both)."""
         cos, sin = ctx.saved_tensors[:2]
         # The kernel needs a unit stride in the last dimension; incoming grads usually have it.
         dq_out = dq_out if dq_out.stride(-1) == 1 else dq_out.contiguous()
