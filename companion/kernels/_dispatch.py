@@ -6,7 +6,9 @@ Callers never pick a backend. Each public entry point of :mod:`companion.kernels
 ==============================================  ==========================================
 tensors                                         backend
 ==============================================  ==========================================
-CUDA, Triton installed                          ``"triton"`` (compiled kernels)
+CUDA, Triton installed                          ``"triton"`` (compiled kernels; the
+                                                interpreter instead if the kernels were
+                                                loaded with ``TRITON_INTERPRET=1``)
 CPU, Triton installed, ``TRITON_INTERPRET=1``   ``"triton-interpreter"`` (the same kernels,
 set before the kernels were first loaded        run by Triton's NumPy interpreter)
 anything else                                   ``"torch"`` (the reference implementations)
