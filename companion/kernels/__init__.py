@@ -5,7 +5,7 @@
 * :func:`flash_attention_with_bias`: FlashAttention-style attention with an ALiBi or T5
   position bias computed inside the kernel, never materialised.
 
-The backend follows the tensors' device (see :mod:`companion.kernels._dispatch`): CUDA runs
+The backend follows the tensors' device (see :func:`kernel_backend`): CUDA runs
 the Triton kernels; CPU runs them through Triton's interpreter when ``TRITON_INTERPRET=1``
 was set before the kernels were first used, and the torch references otherwise.
 ``import companion.kernels`` does not import Triton, and works without it installed.
