@@ -223,11 +223,39 @@ def _pair_views(x: Tensor, layout: str, r: int) -> tuple[Tensor, Tensor]:
     return x[..., 0:r:2], x[..., 1:r:2]
 
 
-def _gather_tables(
-    cos: Tensor, sin: Tensor, batch: int, seq: int, positions: Tensor | Sequence[int] | None,
+def _check_tables(cos: Tensor, sin: Tensor, r: int, device: torch.device, x_name: str) -> None:
+    """Compact cos/sin tables for ``rotary_dim = r``, on the activations' device."""
+    check_tensor(cos, "cos")
+    check_tensor(sin, "sin")
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    if cos.dtype != sin.dtype or not cos.dtype.is_floating_point:
+        raise TypeError(f"cos and sin must share a floating dtype, got {cos.dtype} and {sin.dtype}")
+    if cos.dim() not in (2, 3) or cos.shape[-1] != r // 2:
+        hint = (
+            f"; a HuggingFace-style table of width {r} holds each column twice: pass cos[..., :{r // 2}]"
+            if cos.dim() in (2, 3) and cos.shape[-1] == r else ""
+        )
+        raise ValueError(
+            f"cos/sin must have shape (table_len, rotary_dim // 2) or (batch, seq, rotary_dim // 2) "
+            f"with rotary_dim // 2 = {r // 2}, got {tuple(cos.shape)}{hint}"
+        )
+    if cos.device != device:
+        raise ValueError(f"cos/sin are on {cos.device} but {x_name} is on {device}")
+
+
+def _table_rows(
+    cos: Tensor, batch: int, seq: int, positions: Tensor | Sequence[int] | None,
     offset: int | Tensor | None, device: torch.device,
-) -> tuple[Tensor, Tensor]:
-    """Rows of the tables for this call, shaped to broadcast against ``(batch, heads, seq, h)``."""
+) -> tuple[str, Tensor | int | None]:
+    """Validate ``positions``/``offset`` against the table; say which rows this call reads.
+
+    Returns one of ``("gathered", None)`` (3-D tables, rows already per call),
+    ``("positions", pos)`` (int64 ``(seq,)`` or ``(batch, seq)``), ``("offset", start)`` (rows
+    ``start .. start + seq - 1``) or ``("offsets", starts)`` (int64 ``(batch,)``, one start per
+    row). Shared by :func:`rope_rotate` and the fused kernel, so both accept the same input
+    and reject it with the same messages.
+    """
     if cos.dim() == 3:
         if positions is not None or offset is not None:
             raise ValueError(
@@ -239,15 +267,14 @@ def _gather_tables(
                 f"gathered cos/sin must have shape ({batch} or 1, {seq}, rotary_dim // 2), "
                 f"got {tuple(cos.shape)}"
             )
-        return cos.unsqueeze(1), sin.unsqueeze(1)
+        return "gathered", None
     table_len = cos.shape[0]
     if positions is not None:
         if offset is not None:
             raise ValueError("pass either positions or offset, not both")
         pos = as_positions(positions, "positions", seq, batch, device)
         check_position_range(pos, "positions", 0, table_len)
-        c, s = cos[pos], sin[pos]  # (seq, h) or (batch, seq, h)
-        return (c, s) if pos.dim() == 1 else (c.unsqueeze(1), s.unsqueeze(1))
+        return "positions", pos
     if offset is None or (isinstance(offset, int) and not isinstance(offset, bool)):
         start = 0 if offset is None else offset
         if start < 0:
@@ -257,19 +284,36 @@ def _gather_tables(
                 f"offset + seq = {start} + {seq} must be <= the table length {table_len} "
                 "(build longer cos/sin tables)"
             )
-        return cos[start : start + seq], sin[start : start + seq]
+        return "offset", start
     if not isinstance(offset, Tensor) or offset.dtype.is_floating_point or offset.dtype == torch.bool:
         raise TypeError(
             f"offset must be an int or an integer tensor of shape ({batch},), got "
             f"{offset.dtype if isinstance(offset, Tensor) else type(offset).__name__}"
         )
     if offset.dim() == 0:
-        return _gather_tables(cos, sin, batch, seq, None, int(offset), device)
+        return _table_rows(cos, batch, seq, None, int(offset), device)
     if offset.shape != (batch,):
         raise ValueError(f"offset tensor must have shape ({batch},), got {tuple(offset.shape)}")
-    pos = offset.to(device).long().unsqueeze(-1) + torch.arange(seq, device=device)
-    check_position_range(pos, "offset + arange(seq)", 0, table_len)
-    return cos[pos].unsqueeze(1), sin[pos].unsqueeze(1)
+    starts = offset.to(device).long()
+    if starts.numel() and seq:
+        ends = torch.stack((starts.min(), starts.max() + seq - 1))
+        check_position_range(ends, "offset + arange(seq)", 0, table_len)
+    return "offsets", starts
+
+
+def _gather_tables(
+    cos: Tensor, sin: Tensor, batch: int, seq: int, positions: Tensor | Sequence[int] | None,
+    offset: int | Tensor | None, device: torch.device,
+) -> tuple[Tensor, Tensor]:
+    """Rows of the tables for this call, shaped to broadcast against ``(batch, heads, seq, h)``."""
+    kind, rows = _table_rows(cos, batch, seq, positions, offset, device)
+    if kind == "gathered":
+        return cos.unsqueeze(1), sin.unsqueeze(1)
+    if kind == "offset":
+        return cos[rows : rows + seq], sin[rows : rows + seq]
+    pos = rows if kind == "positions" else rows.unsqueeze(-1) + torch.arange(seq, device=device)
+    c, s = cos[pos], sin[pos]  # (seq, h) or (batch, seq, h)
+    return (c, s) if pos.dim() == 1 else (c.unsqueeze(1), s.unsqueeze(1))
 
 
 def _rotate_autograd(x: Tensor, c: Tensor, s: Tensor, layout: str, r: int, work: torch.dtype) -> Tensor:
@@ -362,21 +406,7 @@ def rope_rotate(
     r = _check_rotary_dim(rotary_dim, d)
     if not x.dtype.is_floating_point:
         raise TypeError(f"x must be a floating-point tensor, got dtype {x.dtype}")
-    if cos.shape != sin.shape:
-        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
-    if cos.dtype != sin.dtype or not cos.dtype.is_floating_point:
-        raise TypeError(f"cos and sin must share a floating dtype, got {cos.dtype} and {sin.dtype}")
-    if cos.dim() not in (2, 3) or cos.shape[-1] != r // 2:
-        hint = (
-            f"; a HuggingFace-style table of width {r} holds each column twice: pass cos[..., :{r // 2}]"
-            if cos.dim() in (2, 3) and cos.shape[-1] == r else ""
-        )
-        raise ValueError(
-            f"cos/sin must have shape (table_len, rotary_dim // 2) or (batch, seq, rotary_dim // 2) "
-            f"with rotary_dim // 2 = {r // 2}, got {tuple(cos.shape)}{hint}"
-        )
-    if cos.device != x.device:
-        raise ValueError(f"cos/sin are on {cos.device} but x is on {x.device}")
+    _check_tables(cos, sin, r, x.device, "x")
     c, s = _gather_tables(cos, sin, b, seq, positions, offset, x.device)
     work = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), torch.float32)
     c, s = c.to(work), s.to(work)

@@ -250,9 +250,9 @@ def test_errors():
         fused_rope(strided, k, cos, sin)
     with pytest.raises(ValueError, match="k must be contiguous in its last dimension"):
         fused_rope(q, strided, cos, sin)
-    with pytest.raises(ValueError, match="rotary_dim must be an even int"):
+    with pytest.raises(ValueError, match="rotary_dim must be even"):
         fused_rope(q, k, cos, sin, rotary_dim=63)
-    with pytest.raises(ValueError, match="rotary_dim must be an even int"):
+    with pytest.raises(ValueError, match=r"rotary_dim must be <= head_dim \(64\)"):
         fused_rope(q, k, cos, sin, rotary_dim=66)
     with pytest.raises(TypeError, match="rotary_dim must be an int"):
         fused_rope(q, k, cos, sin, rotary_dim=32.0)

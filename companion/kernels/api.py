@@ -13,11 +13,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .._checks import as_positions, check_position_range, check_tensor
+from .._checks import as_positions, check_tensor
 from ..alibi import alibi_bias, bias_attention
 from ..alibi import alibi_slopes as alibi_slopes_fn
 from ..relative import T5RelativeBias, t5_relative_position_bucket
-from ..rope import LAYOUTS, apply_rope
+from ..rope import _check_layout, _check_rotary_dim, _check_tables, _table_rows, apply_rope
 from . import _dispatch
 
 __all__ = [
@@ -62,11 +62,13 @@ def _check_unit_stride(x: Tensor, name: str) -> None:
 
 def _rope_args(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, layout: object,
                rotary_dim: object) -> int:
-    """Validate everything but positions; return ``rotary_dim``."""
+    """Validate everything but positions; return ``rotary_dim``.
+
+    The checks shared with :func:`companion.rope.apply_rope` are the same functions, so both
+    paths reject the same input with the same message; the rest are the kernel's own limits.
+    """
     check_tensor(q, "q", 4)
     check_tensor(k, "k", 4)
-    check_tensor(cos, "cos")
-    check_tensor(sin, "sin")
     if not q.dtype.is_floating_point:
         raise TypeError(f"q must be a floating-point tensor, got dtype {q.dtype}")
     if k.dtype != q.dtype:
@@ -85,79 +87,29 @@ def _rope_args(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, layout: object,
         raise ValueError(f"head_dim must be <= {MAX_ROPE_HEAD_DIM} for the fused RoPE kernel, got {d}")
     _check_unit_stride(q, "q")
     _check_unit_stride(k, "k")
-    if not isinstance(layout, str) or layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    r = d if rotary_dim is None else rotary_dim
-    if isinstance(r, bool) or not isinstance(r, int):
-        raise TypeError(f"rotary_dim must be an int or None, got {type(r).__name__}")
-    if r < 2 or r % 2 or r > d:
-        raise ValueError(f"rotary_dim must be an even int in [2, head_dim={d}], got {r}")
-    if cos.shape != sin.shape:
-        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
-    if cos.dtype != sin.dtype or not cos.dtype.is_floating_point:
-        raise TypeError(f"cos and sin must share a floating dtype, got {cos.dtype} and {sin.dtype}")
-    if cos.dim() not in (2, 3) or cos.shape[-1] != r // 2:
-        hint = (f"; a HuggingFace-style table of width {r} holds each column twice: pass cos[..., :{r // 2}]"
-                if cos.dim() in (2, 3) and cos.shape[-1] == r else "")
-        raise ValueError(
-            "cos/sin must have shape (table_len, rotary_dim // 2) or (batch, seq, rotary_dim // 2) "
-            f"with rotary_dim // 2 = {r // 2}, got {tuple(cos.shape)}{hint}"
-        )
-    if cos.device != q.device:
-        raise ValueError(f"cos/sin are on {cos.device} but q is on {q.device}")
+    _check_layout(layout)
+    r = _check_rotary_dim(rotary_dim, d)
+    _check_tables(cos, sin, r, q.device, "q")
     return r
 
 
-def _table_rows(cos: Tensor, batch: int, seq: int, positions: Tensor | Sequence[int] | None,
-                offset: int | Tensor | None, device: torch.device) -> dict:
-    """Validate positions/offset and describe, for the kernel, which table row each
-    ``(b, s)`` reads: ``row = b * row_stride_b + s * row_coef_s + row_base (+ pos[b, s])``.
-    The same rules and messages as :func:`companion.rope.apply_rope`."""
+def _kernel_rows(cos: Tensor, batch: int, seq: int, positions: Tensor | Sequence[int] | None,
+                 offset: int | Tensor | None, device: torch.device) -> dict:
+    """Describe, for the kernel, which table row each ``(b, s)`` reads:
+    ``row = b * row_stride_b + s * row_coef_s + row_base (+ pos[b, s])``.
+
+    Validation is :func:`companion.rope._table_rows`, the one ``apply_rope`` uses."""
     rows = dict(pos=None, pos_stride_b=0, pos_stride_s=0, row_stride_b=0, row_coef_s=1, row_base=0)
-    if cos.dim() == 3:
-        if positions is not None or offset is not None:
-            raise ValueError(
-                "cos/sin of shape (batch, seq, rotary_dim // 2) are already gathered per row: "
-                "pass positions=None and offset=None (or pass 2-D tables indexed by position)"
-            )
-        if cos.shape[0] not in (1, batch) or cos.shape[1] != seq:
-            raise ValueError(
-                f"gathered cos/sin must have shape ({batch} or 1, {seq}, rotary_dim // 2), got {tuple(cos.shape)}"
-            )
+    kind, spec = _table_rows(cos, batch, seq, positions, offset, device)
+    if kind == "gathered":
         rows["row_stride_b"] = seq if cos.shape[0] == batch and batch > 1 else 0
-        return rows
-    table_len = cos.shape[0]
-    if positions is not None:
-        if offset is not None:
-            raise ValueError("pass either positions or offset, not both")
-        pos = as_positions(positions, "positions", seq, batch, device)
-        check_position_range(pos, "positions", 0, table_len)
-        rows.update(pos=pos, pos_stride_b=pos.stride(0) if pos.dim() == 2 else 0,
-                    pos_stride_s=pos.stride(-1), row_coef_s=0)
-        return rows
-    if offset is None or (isinstance(offset, int) and not isinstance(offset, bool)):
-        start = 0 if offset is None else offset
-        if start < 0:
-            raise IndexError(f"offset must be >= 0, got {start}")
-        if start + seq > table_len:
-            raise IndexError(
-                f"offset + seq = {start} + {seq} must be <= the table length {table_len} "
-                "(build longer cos/sin tables)"
-            )
-        rows["row_base"] = start
-        return rows
-    if not isinstance(offset, Tensor) or offset.dtype.is_floating_point or offset.dtype == torch.bool:
-        got = offset.dtype if isinstance(offset, Tensor) else type(offset).__name__
-        raise TypeError(f"offset must be an int or an integer tensor of shape ({batch},), got {got}")
-    if offset.dim() == 0:
-        return _table_rows(cos, batch, seq, None, int(offset), device)
-    if offset.shape != (batch,):
-        raise ValueError(f"offset tensor must have shape ({batch},), got {tuple(offset.shape)}")
-    start = offset.to(device).long()
-    if start.numel():
-        check_position_range(torch.stack((start.min(), start.max() + seq - 1)), "offset + arange(seq)",
-                             0, table_len)
-    rows.update(pos=start, pos_stride_b=start.stride(0))
+    elif kind == "positions":
+        rows.update(pos=spec, pos_stride_b=spec.stride(0) if spec.dim() == 2 else 0,
+                    pos_stride_s=spec.stride(-1), row_coef_s=0)
+    elif kind == "offset":
+        rows["row_base"] = spec
+    else:  # "offsets": one start per batch row
+        rows.update(pos=spec, pos_stride_b=spec.stride(0))
     return rows
 
 
@@ -213,7 +165,7 @@ def fused_rope(
     """
     r = _rope_args(q, k, cos, sin, layout, rotary_dim)
     batch, _, seq, _ = q.shape
-    rows = _table_rows(cos, batch, seq, positions, offset, q.device)
+    rows = _kernel_rows(cos, batch, seq, positions, offset, q.device)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
     if inplace and (needs_grad or (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad))):
         raise ValueError("inplace=True is not differentiable: pass inplace=False when gradients are needed")

@@ -135,7 +135,7 @@ def launch_rope(
     """Run ``rope_kernel`` once for ``q`` and ``k``.
 
     ``cos``/``sin`` are 2-D contiguous tables ``(rows, rotary_dim // 2)``; ``rows`` is the
-    table-row recipe built by ``companion.kernels.api._table_rows`` (keys ``pos``,
+    table-row recipe built by ``companion.kernels.api._kernel_rows`` (keys ``pos``,
     ``pos_stride_b``, ``pos_stride_s``, ``row_stride_b``, ``row_coef_s``, ``row_base``).
     The last dimension of every 4-D tensor has stride 1 (checked by the caller).
     """
