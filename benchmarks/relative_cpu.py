@@ -40,7 +40,8 @@ sys.path.insert(0, str(ROOT))
 from torch import nn  # noqa: E402
 
 from companion import MultiHeadAttention, NoPE, attention, save_result, seed_everything  # noqa: E402
-from companion.relative import ShawRelative, T5RelativeBias, TransformerXL, peak_tensor_bytes  # noqa: E402
+from companion.relative import ShawRelative, T5RelativeBias, TransformerXL  # noqa: E402
+from companion.utils import peak_tensor_bytes  # noqa: E402
 
 HEADS, HEAD_DIM, SHAW_K = 8, 64, 16
 

@@ -50,7 +50,7 @@ from .rope import (
     rope_rotate,
     rotate_half,
 )
-from .utils import load_result, provenance, save_result, seed_everything
+from .utils import load_result, peak_tensor_bytes, provenance, save_result, seed_everything
 
 __version__ = "0.1.0"
 
@@ -93,6 +93,7 @@ __all__ = [
     "convert_qk_weight",
     "layout_permutation",
     "load_result",
+    "peak_tensor_bytes",
     "positions_from_mask",
     "provenance",
     "rel_shift",

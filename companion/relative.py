@@ -35,8 +35,7 @@ for the memory comparison in chapter 4.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -58,7 +57,6 @@ __all__ = [
     "TransformerXL",
     "t5_relative_position_bucket",
     "T5RelativeBias",
-    "peak_tensor_bytes",
 ]
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
@@ -594,57 +592,3 @@ class T5RelativeBias(PositionScheme):
     def extra_repr(self) -> str:
         return (f"num_heads={self.num_heads}, num_buckets={self.num_buckets}, "
                 f"max_distance={self.max_distance}, bidirectional={self.bidirectional}, " + super().extra_repr())
-
-
-# ============================================================================ measurement
-
-
-def peak_tensor_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[int, Any]:
-    """Run ``fn(*args, **kwargs)`` and measure the peak bytes of tensors it keeps alive.
-
-    Every tensor storage created by a torch operator during the call is recorded (through a
-    ``TorchDispatchMode``) with its size, and released when the storage dies; the peak of
-    the running sum is returned with ``fn``'s result. Storages that existed before the call
-    (inputs, parameters, and views of them) are not counted; scratch memory that an operator
-    allocates and frees internally is not seen. Run under ``torch.no_grad()`` to measure
-    inference. Returns ``(peak_bytes, result)``.
-    """
-    from torch.multiprocessing.reductions import StorageWeakRef
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
-
-    class _Tracker(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.live: dict[int, tuple[Any, int]] = {}
-            self.current = 0
-            self.peak = 0
-
-        def _sweep(self) -> None:
-            dead = [key for key, (ref, _) in self.live.items() if ref.expired()]
-            for key in dead:
-                self.current -= self.live.pop(key)[1]
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            out = func(*args, **(kwargs or {}))
-            self._sweep()
-            inputs = {
-                t.untyped_storage().data_ptr()
-                for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)
-            }
-            for t in tree_flatten(out)[0]:
-                if not isinstance(t, Tensor):
-                    continue
-                storage = t.untyped_storage()
-                key = storage.data_ptr()
-                if key in inputs or key in self.live or storage.nbytes() == 0:
-                    continue
-                self.live[key] = (StorageWeakRef(storage), storage.nbytes())
-                self.current += storage.nbytes()
-            self.peak = max(self.peak, self.current)
-            return out
-
-    tracker = _Tracker()
-    with tracker:
-        result = fn(*args, **kwargs)
-    return tracker.peak, result

@@ -13,13 +13,14 @@ import os
 import platform
 import random
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["seed_everything", "provenance", "save_result", "load_result"]
+__all__ = ["seed_everything", "provenance", "save_result", "load_result", "peak_tensor_bytes"]
 
 
 def seed_everything(seed: int = 0) -> torch.Generator:
@@ -87,3 +88,54 @@ def load_result(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(payload, dict) or "data" not in payload or "provenance" not in payload:
         raise ValueError(f"{path} is not a result file (expected keys 'provenance' and 'data')")
     return payload
+
+
+def peak_tensor_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[int, Any]:
+    """Run ``fn(*args, **kwargs)`` and measure the peak bytes of tensors it keeps alive.
+
+    Every tensor storage created by a torch operator during the call is recorded (through a
+    ``TorchDispatchMode``) with its size, and released when the storage dies; the peak of
+    the running sum is returned with ``fn``'s result. Storages that existed before the call
+    (inputs, parameters, and views of them) are not counted; scratch memory that an operator
+    allocates and frees internally is not seen. Run under ``torch.no_grad()`` to measure
+    inference. Returns ``(peak_bytes, result)``.
+    """
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class _Tracker(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.live: dict[int, tuple[Any, int]] = {}
+            self.current = 0
+            self.peak = 0
+
+        def _sweep(self) -> None:
+            dead = [key for key, (ref, _) in self.live.items() if ref.expired()]
+            for key in dead:
+                self.current -= self.live.pop(key)[1]
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
+            self._sweep()
+            inputs = {
+                t.untyped_storage().data_ptr()
+                for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
+            }
+            for t in tree_flatten(out)[0]:
+                if not isinstance(t, torch.Tensor):
+                    continue
+                storage = t.untyped_storage()
+                key = storage.data_ptr()
+                if key in inputs or key in self.live or storage.nbytes() == 0:
+                    continue
+                self.live[key] = (StorageWeakRef(storage), storage.nbytes())
+                self.current += storage.nbytes()
+            self.peak = max(self.peak, self.current)
+            return out
+
+    tracker = _Tracker()
+    with tracker:
+        result = fn(*args, **kwargs)
+    return tracker.peak, result

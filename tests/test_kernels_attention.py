@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from companion import attention
 from companion.alibi import ALiBi, alibi_bias, alibi_slopes
 from companion.kernels import MAX_ATTENTION_HEAD_DIM, flash_attention_with_bias, kernel_backend
-from companion.relative import T5RelativeBias, peak_tensor_bytes, t5_relative_position_bucket
+from companion.relative import T5RelativeBias, t5_relative_position_bucket
+from companion.utils import peak_tensor_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 INTERPRETED = kernel_backend(torch.device("cpu"), "attention") == "triton-interpreter"

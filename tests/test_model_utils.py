@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from companion import MultiHeadAttention, NoPE, TinyDecoder, load_result, provenance, save_result, seed_everything
+from companion.utils import peak_tensor_bytes
 from companion.plotting import SCHEME_COLORS, scheme_color, use_book_style
 
 
@@ -98,3 +99,20 @@ def test_book_style():
     assert scheme_color("RoPE") == SCHEME_COLORS["rope"]
     with pytest.raises(ValueError, match="unknown scheme family 'xyz'"):
         scheme_color("xyz")
+
+
+def test_peak_tensor_bytes_counts_live_storages():
+    x = torch.zeros(1000)
+
+    def work():
+        a = torch.ones(1000)  # 4000 bytes
+        b = torch.ones(2000)  # + 8000 = 12000 alive together
+        del a, b
+        c = torch.ones(500)  # both freed: the peak stays 12000
+        return x.view(10, 100).t() + 0 + c.sum()  # a view of an input costs nothing
+
+    peak, out = peak_tensor_bytes(work)
+    assert out.shape == (100, 10)
+    assert peak == 12000
+    peak_view, _ = peak_tensor_bytes(lambda: x.view(10, 100).t())
+    assert peak_view == 0
