@@ -2,16 +2,30 @@
 
 Every public function in :mod:`companion` checks its arguments with these helpers, so that
 bad input fails early with a message that names the argument and the allowed range, rather
-than with a shape error from deep inside torch.
+than with a shape error from deep inside torch. One rule, one message: the torch reference,
+the blockwise path and the Triton kernels all validate through the same functions here, so
+that no two backends of one op can disagree about what is allowed.
+
+Error types (see the book page *Conventions and errors*):
+
+* ``TypeError``: the argument has the wrong type (a string where a number goes, a float
+  tensor where positions go, a ``bool`` flag given as ``"False"``);
+* ``ValueError``: the right type with a bad value or shape (``nan``, ``0``, a mask that
+  does not broadcast, a scheme built for another head count);
+* ``IndexError``: a position outside a table's range.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 
 import torch
 
-_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+#: Integer dtypes accepted for positions and index tensors (``bool`` is not one of them).
+INT_DTYPES: tuple[torch.dtype, ...] = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+_INT_DTYPES = INT_DTYPES  # the old private name, kept for callers that import it
 
 
 def check_tensor(x: object, name: str, ndim: int | None = None) -> torch.Tensor:
@@ -32,6 +46,126 @@ def check_positive_int(value: object, name: str, minimum: int = 1) -> int:
     return value
 
 
+def check_bool(value: object, name: str) -> bool:
+    """Require a real ``bool`` (``"False"``, ``0`` or ``None`` are rejected: ``"False"`` is
+    truthy, so accepting it would silently switch the flag on)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
+    return value
+
+
+def check_finite_number(
+    value: object,
+    name: str,
+    *,
+    positive: bool = True,
+    minimum: float | None = None,
+    above: float | None = None,
+) -> float:
+    """Require a finite real number in range; return it as a ``float``.
+
+    The range is ``value > above`` if ``above`` is given, else ``value >= minimum`` if
+    ``minimum`` is given, else ``value > 0`` when ``positive`` (the default), else any finite
+    number. Strings, bools, ``None`` and tensors raise ``TypeError``; ``nan``, ``inf`` and
+    values out of range raise ``ValueError``. The message names ``name`` and the range.
+    """
+    if above is not None:
+        rule, ok = f"> {above:g}", lambda x: x > above
+    elif minimum is not None:
+        rule, ok = f">= {minimum:g}", lambda x: x >= minimum
+    elif positive:
+        rule, ok = "> 0", lambda x: x > 0
+    else:
+        rule, ok = "", lambda x: True
+    wanted = f"a finite number {rule}".rstrip()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {wanted}, got {type(value).__name__} {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or not ok(number):
+        raise ValueError(f"{name} must be {wanted}, got {value!r}")
+    return number
+
+
+def check_float_dtype(dtype: object, name: str = "dtype") -> torch.dtype:
+    """Require a floating-point ``torch.dtype`` (tables are never built in an integer dtype:
+    ``sin`` and ``cos`` would be truncated to 0 and 1). A string such as ``"float16"``
+    raises ``TypeError`` saying to pass ``torch.float16``."""
+    if isinstance(dtype, str):
+        raise TypeError(
+            f"{name} must be a floating-point torch.dtype, got the string {dtype!r}; "
+            f"pass torch.{dtype.removeprefix('torch.')} instead"
+        )
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(
+            f"{name} must be a floating-point torch.dtype (torch.float32, torch.float64, "
+            f"torch.float16, torch.bfloat16), got {dtype!r}"
+        )
+    return dtype
+
+
+def check_choice(value: object, name: str, choices: Sequence[object]) -> object:
+    """Require ``value`` to be one of ``choices``."""
+    if not any(value == c and type(value) is type(c) for c in choices):
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+    return value
+
+
+def check_int_tensor(
+    x: object,
+    name: str,
+    *,
+    dims: Sequence[int] | None = None,
+    what: str = "positions",
+) -> torch.Tensor:
+    """Validate an integer tensor (positions, distances, indices); return it as ``int64``.
+
+    Accepts an integer tensor or anything ``torch.as_tensor`` turns into one (a list of
+    ints, a numpy integer array). ``None``, floating-point, complex or bool values raise
+    ``TypeError`` naming ``name``: a position computed in bf16 or fp16 is silently rounded
+    (bf16 holds every integer only up to 256), so positions must be integers from the start.
+    ``dims``, if given, lists the allowed numbers of dimensions (``ValueError`` otherwise).
+    Does not change the device.
+    """
+    if x is None:
+        raise TypeError(f"{name} must be an integer tensor of {what}, got None")
+    if isinstance(x, bool):
+        raise TypeError(f"{name} must be an integer tensor of {what}, got bool")
+    if not isinstance(x, torch.Tensor):
+        try:
+            x = torch.as_tensor(x)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise TypeError(
+                f"{name} must be an integer tensor or a sequence of ints, got {type(x).__name__}"
+            ) from exc
+    if x.dtype not in INT_DTYPES:
+        raise TypeError(
+            f"{name} must hold integers (torch.int64 or torch.int32), got dtype {x.dtype}; "
+            f"{what} are never floating point"
+        )
+    if dims is not None and x.dim() not in tuple(dims):
+        shapes = {0: "()", 1: "(seq,)", 2: "(batch, seq)"}
+        allowed = " or ".join(shapes.get(d, f"{d}-D") for d in dims)
+        raise ValueError(f"{name} must have shape {allowed}, got {tuple(x.shape)}")
+    return x.long()
+
+
+def contiguous_start(pos: torch.Tensor) -> int | None:
+    """``pos[0]`` if ``pos`` is a non-empty 1-D integer tensor equal to
+    ``arange(pos[0], pos[0] + len(pos))`` (consecutive positions shared by the batch), else
+    ``None``. The fast paths (Toeplitz biases, ``rel_shift``) use it."""
+    if not isinstance(pos, torch.Tensor) or pos.dim() != 1 or pos.numel() == 0 or pos.dtype not in INT_DTYPES:
+        return None
+    start = int(pos[0])
+    if pos.numel() == 1 or bool((pos[1:] - pos[:-1] == 1).all()):
+        return start
+    return None
+
+
+def is_contiguous_positions(pos: torch.Tensor) -> bool:
+    """Whether ``pos`` counts up by one, ``p, p + 1, ...`` (see :func:`contiguous_start`)."""
+    return contiguous_start(pos) is not None
+
+
 def as_positions(
     pos: torch.Tensor | Sequence[int] | None,
     name: str,
@@ -45,21 +179,11 @@ def as_positions(
     Positions are either shared by the batch, shape ``(length,)``, or given per row, shape
     ``(batch, length)`` (left padding, packed sequences). ``None`` means
     ``arange(default_start, default_start + length)``. Floating-point positions are
-    rejected on purpose: a position computed in bf16 or fp16 is silently rounded (bf16 holds
-    every integer only up to 256), so positions must be integers from the start.
+    rejected on purpose (see :func:`check_int_tensor`).
     """
     if pos is None:
         return torch.arange(default_start, default_start + length, device=device)
-    if not isinstance(pos, torch.Tensor):
-        try:
-            pos = torch.as_tensor(pos)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"{name} must be an integer tensor or a sequence of ints") from exc
-    if pos.dtype not in _INT_DTYPES:
-        raise TypeError(
-            f"{name} must hold integers (torch.int64 or torch.int32), got dtype {pos.dtype}; "
-            "positions are never floating point"
-        )
+    pos = check_int_tensor(pos, name)
     shapes = f"({length},)" + (f" or ({batch}, {length})" if batch is not None else "")
     if pos.dim() == 1:
         ok = pos.shape[0] == length
@@ -71,7 +195,7 @@ def as_positions(
         raise ValueError(f"{name} must have shape {shapes}, got {tuple(pos.shape)}")
     if device is not None and pos.device != device:
         pos = pos.to(device)
-    return pos.long()
+    return pos
 
 
 def check_position_range(pos: torch.Tensor, name: str, low: int = 0, high: int | None = None) -> None:
@@ -93,7 +217,7 @@ def check_qkv(q: object, k: object, v: object) -> tuple[int, int, int, int, int,
 
     ``q`` is ``(batch, heads, q_len, head_dim)``, ``k`` is ``(batch, kv_heads, k_len,
     head_dim)`` with ``heads`` a multiple of ``kv_heads`` (grouped-query attention), ``v`` is
-    ``(batch, kv_heads, k_len, v_dim)``; all three share one floating dtype.
+    ``(batch, kv_heads, k_len, v_dim)``; all three share one floating dtype and one device.
     """
     check_tensor(q, "q", 4)
     check_tensor(k, "k", 4)
@@ -112,4 +236,83 @@ def check_qkv(q: object, k: object, v: object) -> tuple[int, int, int, int, int,
         )
     if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
         raise ValueError(f"q, k, v must share a floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     return b, h, lq, d, hk, lk
+
+
+def check_scheme_heads(scheme_heads: int, q_heads: int, scheme_name: str) -> None:
+    """Require a scheme built for ``scheme_heads`` heads to meet exactly ``q_heads`` query heads.
+
+    A per-head table or slope vector of the wrong length must never be broadcast or read
+    past its end: ``ALiBi(1)`` with 4 query heads would give every head the one slope, and
+    ``T5RelativeBias(num_heads=2)`` with 4 would leave heads 2 and 3 without a table. Raises
+    ``ValueError`` naming both counts. Every backend (reference, blockwise, Triton) calls it
+    through :meth:`companion.attention.PositionScheme.check_heads`.
+    """
+    if scheme_heads != q_heads:
+        raise ValueError(
+            f"{scheme_name} was built for {scheme_heads} heads but the queries have {q_heads} "
+            f"heads; a scheme's head count must equal the number of query heads"
+        )
+
+
+def normalize_mask(
+    attn_mask: object,
+    shape: tuple[int, int, int, int],
+    *,
+    name: str = "attn_mask",
+    device: torch.device | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Validate an attention mask; return ``(allowed, additive)``, at most one not ``None``.
+
+    The one mask convention of the package, for every attention path (reference,
+    blockwise, model, kernels):
+
+    * ``None``: no mask, returns ``(None, None)``;
+    * ``bool``: ``True`` = attend, returned as ``allowed``;
+    * integer (any int dtype, ``uint8`` included): the HuggingFace convention, ``1`` = attend,
+      ``0`` = masked, converted to a bool ``allowed``. Any other value raises ``ValueError``
+      (pass a bool mask, or a float additive mask);
+    * floating: added to the logits (``0`` keeps, ``-inf`` removes), returned as ``additive``.
+
+    The mask must broadcast to ``shape = (batch, heads, q_len, k_len)`` under torch's rules
+    (trailing dimensions align: a 2-D mask is ``(q_len, k_len)``), else ``ValueError``.
+    The returned tensor keeps the mask's own (broadcastable) shape; it is moved to
+    ``device`` when given.
+    """
+    if attn_mask is None:
+        return None, None
+    check_tensor(attn_mask, name)
+    assert isinstance(attn_mask, torch.Tensor)
+    b, h, lq, lk = shape
+    if attn_mask.dim() > 4:
+        raise ValueError(
+            f"{name} must have at most 4 dimensions (batch, heads, q_len, k_len), got shape "
+            f"{tuple(attn_mask.shape)}"
+        )
+    try:
+        ok = torch.broadcast_shapes(attn_mask.shape, shape) == torch.Size(shape)
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{name} shape {tuple(attn_mask.shape)} must broadcast to "
+            f"(batch, heads, q_len, k_len) = {tuple(shape)}"
+        )
+    if device is not None and attn_mask.device != device:
+        attn_mask = attn_mask.to(device)
+    if attn_mask.dtype == torch.bool:
+        return attn_mask, None
+    if attn_mask.dtype in INT_DTYPES:
+        if attn_mask.numel() and not bool(((attn_mask == 0) | (attn_mask == 1)).all()):
+            bad = attn_mask[(attn_mask != 0) & (attn_mask != 1)][0].item()
+            raise ValueError(
+                f"{name} is an integer mask, read as 1 = attend, 0 = masked (the HuggingFace "
+                f"convention), but it holds the value {bad}; pass a bool mask (True = attend) "
+                f"or a float additive mask (0 = keep, -inf = masked)"
+            )
+        return attn_mask == 1, None
+    if attn_mask.is_floating_point():
+        return None, attn_mask
+    raise TypeError(f"{name} must be a bool, integer or floating tensor, got dtype {attn_mask.dtype}")
