@@ -30,8 +30,18 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from ._checks import as_positions, check_positive_int, check_qkv, check_tensor
-from .attention import PositionScheme, causal_mask
+from ._checks import (
+    as_positions,
+    check_bool,
+    check_choice,
+    check_finite_number,
+    check_positive_int,
+    check_qkv,
+    check_tensor,
+    is_contiguous_positions,
+    normalize_mask,
+)
+from .attention import PositionScheme, _add_nonfinite, _finite_values, _position_pair, _value_flags, causal_mask
 
 __all__ = ["ALIBI_FORMS", "ALiBi", "alibi_bias", "alibi_slopes", "bias_attention"]
 
@@ -42,14 +52,6 @@ BiasFn = Callable[[Tensor, Tensor], "Tensor | None"]
 
 
 # ----------------------------------------------------------------------------- slopes
-
-
-def _check_max_bias(max_bias: object) -> float:
-    if isinstance(max_bias, bool) or not isinstance(max_bias, (int, float)):
-        raise TypeError(f"max_bias must be a positive number, got {type(max_bias).__name__}")
-    if not (math.isfinite(max_bias) and max_bias > 0):
-        raise ValueError(f"max_bias must be a finite number > 0, got {max_bias}")
-    return float(max_bias)
 
 
 def alibi_slopes(
@@ -74,7 +76,7 @@ def alibi_slopes(
     computed in float64 and the result rounded once to float32.
     """
     check_positive_int(n_heads, "n_heads")
-    max_bias = _check_max_bias(max_bias)
+    max_bias = check_finite_number(max_bias, "max_bias")
     closest = 1 << (n_heads.bit_length() - 1)  # largest power of two <= n_heads
     exps = [max_bias * h / closest for h in range(1, closest + 1)]
     exps += [max_bias * h / (2 * closest) for h in range(1, 2 * (n_heads - closest), 2)]
@@ -99,8 +101,9 @@ def alibi_bias(
     each query row, which softmax ignores.
 
     Args:
-        slopes: ``(heads,)`` slopes, e.g. from :func:`alibi_slopes`.
-        q_pos, k_pos: integer positions, ``(len,)`` or ``(batch, len)``.
+        slopes: ``(heads,)`` floating slopes, e.g. from :func:`alibi_slopes`.
+        q_pos, k_pos: integer positions (tensors or lists of ints), ``(len,)`` or
+            ``(batch, len)``; float positions raise ``TypeError``.
         form: one of :data:`ALIBI_FORMS`.
 
     Returns:
@@ -108,8 +111,10 @@ def alibi_bias(
         either position tensor is per row.
     """
     check_tensor(slopes, "slopes", 1)
-    if form not in ALIBI_FORMS:
-        raise ValueError(f"form must be one of {ALIBI_FORMS}, got {form!r}")
+    if not slopes.is_floating_point():
+        raise TypeError(f"slopes must be a floating-point tensor, got dtype {slopes.dtype}")
+    check_choice(form, "form", ALIBI_FORMS)
+    q_pos, k_pos = _position_pair(q_pos, k_pos)
     rel = k_pos.unsqueeze(-2) - q_pos.unsqueeze(-1)  # j - i, int64, (q, k) or (b, q, k)
     m = slopes.to(device=rel.device, dtype=torch.float32)
     if rel.dim() == 2:
@@ -138,7 +143,8 @@ class ALiBi(PositionScheme):
     from ``n_heads`` and ``max_bias``, not stored as a castable buffer.
 
     Args:
-        n_heads: number of (query) heads, ``>= 1``.
+        n_heads: number of (query) heads, ``>= 1``. Attention with another number of query
+            heads raises ``ValueError`` (see :meth:`~companion.attention.PositionScheme.check_heads`).
         form: ``"symmetric"`` (default) or ``"causal"``.
         max_bias: the exponent scale of :func:`alibi_slopes` (the paper: 8).
     """
@@ -150,11 +156,10 @@ class ALiBi(PositionScheme):
     def __init__(self, n_heads: int, *, form: str = "symmetric", max_bias: float = 8.0) -> None:
         super().__init__()
         check_positive_int(n_heads, "n_heads")
-        if form not in ALIBI_FORMS:
-            raise ValueError(f"form must be one of {ALIBI_FORMS}, got {form!r}")
+        check_choice(form, "form", ALIBI_FORMS)
         self.n_heads = n_heads
         self.form = form
-        self.max_bias = _check_max_bias(max_bias)
+        self.max_bias = check_finite_number(max_bias, "max_bias")
         self._slopes = alibi_slopes(n_heads, max_bias=self.max_bias)
 
     @property
@@ -162,10 +167,15 @@ class ALiBi(PositionScheme):
         """The ``(n_heads,)`` float32 slopes."""
         return self._slopes
 
+    def scheme_heads(self) -> int:
+        """``n_heads``: one slope per query head."""
+        return self.n_heads
+
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """ALiBi bias for integer positions; see :func:`alibi_bias` for shapes and forms."""
-        if self._slopes.device != q_pos.device:
-            self._slopes = self._slopes.to(q_pos.device)
+        device = k_pos.device if isinstance(k_pos, Tensor) else self._slopes.device
+        if self._slopes.device != device:
+            self._slopes = self._slopes.to(device)
         return alibi_bias(self._slopes, q_pos, k_pos, form=self.form)
 
     def extra_repr(self) -> str:
@@ -192,11 +202,6 @@ def _is_relative(bias_fn: object) -> bool:
     return bool(getattr(bias_fn, "relative_bias", False) or getattr(owner, "relative_bias", False))
 
 
-def _contiguous(pos: Tensor) -> bool:
-    """Shared positions that count up by one: ``p, p + 1, p + 2, ...``."""
-    return pos.dim() == 1 and (pos.numel() < 2 or bool((pos[1:] - pos[:-1] == 1).all()))
-
-
 def _bias_parameters(bias_fn: object) -> list[Tensor]:
     """Trainable tensors a bias function depends on, found through its module."""
     owner = bias_fn if isinstance(bias_fn, nn.Module) else getattr(bias_fn, "__self__", None)
@@ -209,8 +214,15 @@ class _Plan:
     """Everything the forward and backward loops share: tiles, positions, the bias."""
 
     def __init__(self, bias_fn: BiasFn | None, causal: bool, scale: float, bq: int, bk: int,
-                 q_pos: Tensor, k_pos: Tensor, shape: tuple[int, int, int, int]) -> None:
+                 q_pos: Tensor, k_pos: Tensor, shape: tuple[int, int, int, int],
+                 allowed: Tensor | None = None, additive: Tensor | None = None,
+                 nonfinite: bool = False) -> None:
         self.bias_fn, self.causal, self.scale, self.shape = bias_fn, causal, scale, shape
+        # attn_mask as 4-D broadcastable views (True = attend / added to the logits), and
+        # whether q, k or v hold a non-finite value (then -inf biases must mask, see _forward).
+        self.allowed = None if allowed is None else _as4d(allowed)
+        self.additive = None if additive is None else _as4d(additive)
+        self.nonfinite = nonfinite
         lq, lk = q_pos.shape[-1], k_pos.shape[-1]
         self.q_pos, self.k_pos = q_pos, k_pos
         self.q_blocks = [(s, min(s + bq, lq)) for s in range(0, lq, bq)]
@@ -222,7 +234,8 @@ class _Plan:
             self.k_lo = [int(k_pos[..., s:e].min()) for s, e in self.k_blocks]
             self.k_hi = [int(k_pos[..., s:e].max()) for s, e in self.k_blocks]
 
-        self.relative = _is_relative(bias_fn) and _contiguous(q_pos) and _contiguous(k_pos)
+        self.relative = (_is_relative(bias_fn) and is_contiguous_positions(q_pos)
+                         and is_contiguous_positions(k_pos))
 
     def visible(self, qi: int, ki: int) -> bool:
         """False when every key of block ``ki`` is in the future of every query of ``qi``."""
@@ -289,11 +302,33 @@ class _Plan:
     def mask(self, qi: int, ki: int) -> Tensor | None:
         """Boolean ``True`` = masked, broadcastable to ``(batch * heads, tile_q, tile_k)``
         viewed as ``(batch, heads, ...)``, or ``None`` if the tile needs no mask."""
-        if not self.causal or self.k_hi[ki] <= self.q_lo[qi]:
-            return None  # every key of the tile is at or before every query
         (qs, qe), (ks, ke) = self.q_blocks[qi], self.k_blocks[ki]
-        hidden = ~causal_mask(self.q_pos[..., qs:qe], self.k_pos[..., ks:ke])
-        return hidden if hidden.dim() == 2 else hidden.unsqueeze(1)
+        hidden = None
+        if self.causal and self.k_hi[ki] > self.q_lo[qi]:  # else every key is in the past
+            hidden = ~causal_mask(self.q_pos[..., qs:qe], self.k_pos[..., ks:ke])
+            hidden = hidden if hidden.dim() == 2 else hidden.unsqueeze(1)
+        if self.allowed is not None:
+            blocked = ~_tile(self.allowed, qs, qe, ks, ke)
+            hidden = blocked if hidden is None else hidden | blocked
+        return hidden
+
+    def add_mask(self, qi: int, ki: int) -> Tensor | None:
+        """The additive ``attn_mask`` of one tile, ``(batch | 1, heads | 1, tile_q, tile_k)``."""
+        if self.additive is None:
+            return None
+        (qs, qe), (ks, ke) = self.q_blocks[qi], self.k_blocks[ki]
+        return _tile(self.additive, qs, qe, ks, ke)
+
+
+def _as4d(mask: Tensor) -> Tensor:
+    """View a mask that broadcasts to ``(batch, heads, q, k)`` with exactly 4 dimensions."""
+    return mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+
+
+def _tile(mask: Tensor, qs: int, qe: int, ks: int, ke: int) -> Tensor:
+    """One tile of a 4-D broadcastable mask; broadcast (size-1) axes stay size 1."""
+    rows = mask if mask.shape[-2] == 1 else mask[..., qs:qe, :]
+    return rows if rows.shape[-1] == 1 else rows[..., ks:ke]
 
 
 class _Tiles:
@@ -314,9 +349,19 @@ class _Tiles:
         q, kt = self.q[qi], self.kt[ki]
         kw = {} if out is None else {"out": out}
         s = torch.bmm(q, kt, **kw) if tile is None else torch.baddbmm(tile, q, kt, **kw)
+        s4 = s.view(self.b, self.h, *s.shape[1:])
+        add = plan.add_mask(qi, ki)
+        if add is not None:
+            s4.add_(add.to(s.dtype))
+        if plan.nonfinite:
+            # nan + -inf is nan: a -inf bias or mask entry must hide a non-finite logit too.
+            if tile is not None:
+                s.masked_fill_(tile == float("-inf"), float("-inf"))
+            if add is not None:
+                s4.masked_fill_(add == float("-inf"), float("-inf"))
         hidden = plan.mask(qi, ki)
         if hidden is not None:
-            s.view(self.b, self.h, *s.shape[1:]).masked_fill_(hidden, float("-inf"))
+            s4.masked_fill_(hidden, float("-inf"))
         return s
 
 
@@ -344,6 +389,12 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, plan: _Plan) -> tuple[Tensor, Tens
     b, h, lq, _ = q.shape
     dv = v.shape[-1]
     tiles = _Tiles(q, k, v, plan)
+    # Non-finite values are kept out of the matmuls (0 * nan = nan would reach queries that
+    # cannot see them) and added back for the queries that do see them, as in attention().
+    flags = _value_flags(tiles.v) if plan.nonfinite else None
+    if flags is not None:
+        tiles.v = _finite_values(tiles.v)
+        seen = q.new_zeros(b * h, lq, flags.shape[-1])
     # Running state of every query row: maximum, normaliser, unnormalised output.
     row_max = q.new_full((b * h, lq), float("-inf"))
     row_sum = q.new_zeros(b * h, lq)
@@ -357,6 +408,8 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, plan: _Plan) -> tuple[Tensor, Tens
             if key not in buffers:
                 buffers[key] = q.new_empty(b * h, *key)
             s = tiles.logits(plan, qi, ki, bias, out=buffers[key])
+            if flags is not None:
+                seen[:, qs:qe].baddbmm_((s != float("-inf")).to(s.dtype), flags[:, ks:ke])
             old_max = row_max[:, qs:qe]
             new_max = torch.maximum(old_max, s.amax(dim=-1))
             # A row with no finite logit yet keeps max -inf; shift by 0 instead (exp -> 0).
@@ -369,6 +422,8 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, plan: _Plan) -> tuple[Tensor, Tens
     empty = row_sum == 0
     out = acc.div_(row_sum.masked_fill(empty, 1.0).unsqueeze(-1))
     lse = torch.where(empty, float("inf"), row_max.masked_fill(empty, 0.0) + row_sum.masked_fill(empty, 1.0).log())
+    if flags is not None:
+        out = _add_nonfinite(out, seen)
     return out.view(b, h, lq, dv), lse.view(b, h, lq)
 
 
@@ -453,6 +508,7 @@ def bias_attention(
     q_pos: Tensor | Sequence[int] | None = None,
     k_pos: Tensor | Sequence[int] | None = None,
     bias_params: Sequence[Tensor] | None = None,
+    attn_mask: Tensor | None = None,
 ) -> Tensor:
     """Attention with an additive position bias, computed tile by tile: never ``L x L``.
 
@@ -486,22 +542,36 @@ def bias_attention(
             ``bias`` method qualifies (``ALiBi(8).bias``); a :class:`~companion.attention.PositionScheme` that uses
             only the ``bias`` hook may be passed directly. ``None``: no bias.
         causal: mask keys whose position is later than the query's (by position, so
-            ``q_len < k_len`` KV-cache decoding and per-row positions work).
+            ``q_len < k_len`` KV-cache decoding and per-row positions work). A ``bool``.
         block_size: tile size, an int or ``(block_q, block_k)``, each ``>= 1``. The default
             512 keeps one float32 logits tile at 1 MiB per (batch, head) pair.
-        scale: logit scale, default ``1 / sqrt(head_dim)``; it multiplies ``q k^T`` only.
+        scale: logit scale, a finite number > 0, default ``1 / sqrt(head_dim)``; it
+            multiplies ``q k^T`` only.
         q_pos, k_pos: integer positions as in :func:`~companion.attention.attention` (default: keys at
             ``arange(k_len)``, queries the last ``q_len`` of them).
         bias_params: trainable tensors the bias depends on, if ``bias_fn`` is a plain
             function that closes over them.
+        attn_mask: optional mask broadcastable to ``(batch, heads, q_len, k_len)``, with the
+            conventions of :func:`~companion.attention.attention` (bool ``True`` = attend;
+            integer 1 = attend, 0 = masked; floating = added to the logits). It is sliced
+            per tile; a padding mask ``(batch, 1, 1, k_len)`` costs no ``L x L`` memory.
 
     Returns:
         ``(batch, heads, q_len, v_dim)`` in ``q``'s dtype; the math runs in float32 for
-        half-precision input. A query that may attend no key gets a zero output.
+        half-precision input. A query that may attend no key gets a zero output. NaN and
+        inf follow :func:`~companion.attention.attention` exactly, for every ``block_size``:
+        a non-finite key or value reaches only the queries that may attend it.
+
+    A scheme (or a scheme's bound ``bias`` method) built for another number of heads than
+    ``q`` has raises ``ValueError``, as in :func:`~companion.attention.attention`.
     """
     b, h, lq, d, hk, lk = check_qkv(q, k, v)
     bq, bkk = _block_sizes(block_size)
+    causal = check_bool(causal, "causal")
     params = list(bias_params or [])
+    owner = bias_fn if isinstance(bias_fn, PositionScheme) else getattr(bias_fn, "__self__", None)
+    if isinstance(owner, PositionScheme):
+        owner.check_heads(h)
     if isinstance(bias_fn, PositionScheme):
         extra = set(bias_fn.hooks()) - {"bias"}
         if extra:
@@ -519,7 +589,8 @@ def bias_attention(
         check_tensor(p, f"bias_params[{i}]")
     q_pos = as_positions(q_pos, "q_pos", lq, b, q.device, default_start=max(lk - lq, 0))
     k_pos = as_positions(k_pos, "k_pos", lk, b, q.device)
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    scale = 1.0 / math.sqrt(d) if scale is None else check_finite_number(scale, "scale")
+    allowed, additive = normalize_mask(attn_mask, (b, h, lq, lk), device=q.device)
     if lq == 0 or lk == 0:
         return q.new_zeros(b, h, lq, v.shape[-1])
 
@@ -528,7 +599,9 @@ def bias_attention(
         v = v.repeat_interleave(h // hk, dim=1)
     work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     qw, kw, vw = q.to(work), k.to(work), v.to(work)
-    plan = _Plan(bias_fn, bool(causal), scale, bq, bkk, q_pos, k_pos, (b, h, lq, lk))
+    nonfinite = not all(bool(torch.isfinite(t).all()) for t in (qw, kw, vw))
+    plan = _Plan(bias_fn, causal, scale, bq, bkk, q_pos, k_pos, (b, h, lq, lk),
+                 allowed, additive, nonfinite)
     # Validate the bias of the first tile up front, with a clear message.
     first = plan.bias(0, 0)
     if first is not None and first.requires_grad and torch.is_grad_enabled() and not params:

@@ -39,7 +39,15 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from ._checks import as_positions, check_qkv, check_tensor
+from ._checks import (
+    as_positions,
+    check_bool,
+    check_finite_number,
+    check_int_tensor,
+    check_qkv,
+    check_scheme_heads,
+    normalize_mask,
+)
 
 __all__ = ["HOOKS", "PositionScheme", "NoPE", "attention", "causal_mask"]
 
@@ -64,7 +72,22 @@ class PositionScheme(nn.Module):
 
     Positions are ``int64`` tensors of shape ``(seq,)`` (shared by the batch) or
     ``(batch, seq)`` (per row, for left padding or packed sequences).
+
+    A scheme with per-head state (ALiBi's slopes, T5's table, Transformer-XL's biases)
+    reports its head count through :meth:`scheme_heads`; every attention path calls
+    :meth:`check_heads` with the number of query heads before using the scheme, so a scheme
+    built for the wrong number of heads raises ``ValueError`` instead of broadcasting.
     """
+
+    def scheme_heads(self) -> int | None:
+        """The number of heads the scheme was built for, or ``None`` if it fits any count."""
+        return None
+
+    def check_heads(self, q_heads: int) -> None:
+        """Raise ``ValueError`` unless the scheme fits ``q_heads`` query heads exactly."""
+        heads = self.scheme_heads()
+        if heads is not None:
+            check_scheme_heads(heads, q_heads, type(self).__name__)
 
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
         """Add position information to token embeddings ``x``. Default: unchanged."""
@@ -126,8 +149,49 @@ def causal_mask(q_pos: Tensor, k_pos: Tensor) -> Tensor:
     Defined by positions rather than by indices, so it stays right for KV-cache decoding
     (queries are the last tokens), and for per-row positions. Shape ``(q_len, k_len)`` for
     shared positions, ``(batch, q_len, k_len)`` if either argument is per row.
+
+    Positions must be integer tensors (or lists of ints), ``(len,)`` or ``(batch, len)``:
+    float positions raise ``TypeError``, since a float position (bf16 near 256, say) can
+    round past its neighbour and let a query see a future key.
     """
+    q_pos, k_pos = _position_pair(q_pos, k_pos)
     return k_pos.unsqueeze(-2) <= q_pos.unsqueeze(-1)
+
+
+def _position_pair(q_pos: object, k_pos: object) -> tuple[Tensor, Tensor]:
+    """Validate a pair of integer positions, ``(len,)`` or ``(batch, len)``, as int64 on
+    ``k_pos``'s device; per-row batch sizes must agree."""
+    q_pos = check_int_tensor(q_pos, "q_pos", dims=(1, 2))
+    k_pos = check_int_tensor(k_pos, "k_pos", dims=(1, 2))
+    if q_pos.dim() == 2 and k_pos.dim() == 2 and q_pos.shape[0] != k_pos.shape[0]:
+        raise ValueError(
+            f"q_pos and k_pos per-row batch sizes must match, got {q_pos.shape[0]} and {k_pos.shape[0]}"
+        )
+    return q_pos.to(k_pos.device), k_pos
+
+
+def _value_flags(v: Tensor) -> Tensor | None:
+    """Indicators ``[isnan | == +inf | == -inf]`` of ``v`` along its last axis, as ``v``'s
+    dtype, ``(..., k_len, 3 * v_dim)``; ``None`` if every value is finite (the usual case)."""
+    if bool(torch.isfinite(v).all()):
+        return None
+    return torch.cat([v.isnan(), v == float("inf"), v == float("-inf")], dim=-1).to(v.dtype)
+
+
+def _finite_values(v: Tensor) -> Tensor:
+    """``v`` with every non-finite entry replaced by 0 (their effect is added back by
+    :func:`_add_nonfinite`, only for the queries that see them)."""
+    return torch.where(torch.isfinite(v), v, torch.zeros((), dtype=v.dtype, device=v.device))
+
+
+def _add_nonfinite(out: Tensor, seen: Tensor) -> Tensor:
+    """Put back the non-finite values a query sees: ``seen`` ``(..., q_len, 3 * v_dim)``
+    counts, per output entry, the visible keys whose value is NaN, +inf, -inf."""
+    dv = out.shape[-1]
+    nan, pos, neg = seen[..., :dv] > 0, seen[..., dv:2 * dv] > 0, seen[..., 2 * dv:] > 0
+    out = torch.where(pos, float("inf"), out)
+    out = torch.where(neg, float("-inf"), out)
+    return torch.where(nan | (pos & neg), float("nan"), out)
 
 
 def _heads_view(mask: Tensor) -> Tensor:
@@ -165,24 +229,42 @@ def attention(
             is right for KV-cache decoding; ``arange(q_len)`` if ``q_len > k_len``.
         k_pos: integer key positions, ``(k_len,)`` or ``(batch, k_len)``. Default
             ``arange(k_len)``.
-        causal: mask keys whose position is later than the query's (by position, not index).
+        causal: mask keys whose position is later than the query's (by position, not
+            index). Must be a ``bool``.
         attn_mask: optional mask broadcastable to ``(batch, heads, q_len, k_len)``: boolean
-            (``True`` = attend) or floating (added to the logits).
-        scale: logit scale; default ``1 / sqrt(head_dim)``. T5 uses ``1.0``.
+            (``True`` = attend), integer (HuggingFace's ``1`` = attend, ``0`` = masked; any
+            other value raises ``ValueError``) or floating (added to the logits; ``-inf``
+            removes a key). See :func:`companion._checks.normalize_mask`.
+        scale: logit scale, a finite number > 0; default ``1 / sqrt(head_dim)``. T5 uses
+            ``1.0``.
         return_weights: also return the attention weights.
 
     Returns:
         The output ``(batch, heads, q_len, v_dim)`` in ``q``'s dtype, and the weights if
         asked. Math runs in float32 for half-precision inputs. A query that may attend no
         key at all gets all-zero weights and a zero output (not NaN).
+
+    A query's output depends only on the keys it may attend: a NaN or infinite key or value
+    that a query cannot see (causal mask, ``attn_mask``, a ``-inf`` bias) never reaches it,
+    and one it can see makes its output NaN (or inf). :func:`torch.nn.functional.scaled_dot_product_attention`
+    gives no such guarantee (``0 * nan`` in its ``weights @ v`` spreads one NaN value to
+    every query); :func:`companion.alibi.bias_attention` gives the same one as this function.
+
+    Raises:
+        TypeError, ValueError: bad shapes, dtypes, positions, masks, ``causal`` or
+            ``scale``; a scheme built for another number of heads.
     """
     b, h, lq, d, hk, lk = check_qkv(q, k, v)
     scheme = NoPE() if scheme is None else scheme
     if not isinstance(scheme, PositionScheme):
         raise TypeError(f"scheme must be a companion PositionScheme, got {type(scheme).__name__}")
+    scheme.check_heads(h)
+    causal = check_bool(causal, "causal")
+    return_weights = check_bool(return_weights, "return_weights")
     q_pos = as_positions(q_pos, "q_pos", lq, b, q.device, default_start=max(lk - lq, 0))
     k_pos = as_positions(k_pos, "k_pos", lk, b, q.device)
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    scale = 1.0 / math.sqrt(d) if scale is None else check_finite_number(scale, "scale")
+    allowed, additive = normalize_mask(attn_mask, (b, h, lq, lk), device=q.device)
 
     q, k = scheme.rotate(q, k, q_pos, k_pos)
     if q.shape != (b, h, lq, d) or k.shape != (b, hk, lk, d):
@@ -208,29 +290,37 @@ def attention(
                 f"not broadcast to (batch, heads, q_len, k_len) = {(b, h, lq, lk)}"
             ) from exc
 
-    allowed = None
-    if causal:
-        allowed = _heads_view(causal_mask(q_pos, k_pos))
-    if attn_mask is not None:
-        check_tensor(attn_mask, "attn_mask")
-        try:
-            torch.broadcast_shapes(attn_mask.shape, logits.shape)
-        except RuntimeError as exc:
-            raise ValueError(
-                f"attn_mask shape {tuple(attn_mask.shape)} must broadcast to "
-                f"(batch, heads, q_len, k_len) = {(b, h, lq, lk)}"
-            ) from exc
-        if attn_mask.dtype == torch.bool:
-            allowed = attn_mask if allowed is None else allowed & attn_mask
-        else:
-            logits = logits + attn_mask.to(work)
-    if allowed is not None:
-        logits = logits.masked_fill(~allowed, torch.finfo(work).min)
+    if additive is not None:
+        logits = logits + additive.to(work)
+    # Everything a query may not see: the causal mask, a bool/int mask, and -inf entries of
+    # the bias or of an additive mask (NaN + -inf is NaN, so those must be masked as well).
+    hidden = [m for m in (
+        None if allowed is None else ~allowed,
+        None if not causal else ~_heads_view(causal_mask(q_pos, k_pos)),
+        None if pos_bias is None else pos_bias == float("-inf"),
+        None if additive is None else additive == float("-inf"),
+    ) if m is not None]
+    visible = None
+    if hidden:
+        blocked = hidden[0]
+        for m in hidden[1:]:
+            blocked = blocked | m
+        visible = ~blocked
+        logits = logits.masked_fill(blocked, torch.finfo(work).min)
     weights = torch.softmax(logits, dim=-1)
-    if allowed is not None:
+    if visible is not None:
         # A row with no allowed key would otherwise be uniform over masked keys.
-        weights = weights * allowed.any(dim=-1, keepdim=True)
-    out = weights @ vw
+        weights = weights * visible.any(dim=-1, keepdim=True)
+    flags = _value_flags(vw)
+    if flags is None:
+        out = weights @ vw
+    else:
+        # 0 * nan = nan: a masked key's NaN value would reach every query through the
+        # matmul. Multiply finite values only, then add the non-finite ones back for the
+        # queries that see them.
+        out = weights @ _finite_values(vw)
+        seen = flags.sum(-2, keepdim=True) if visible is None else visible.to(work) @ flags
+        out = _add_nonfinite(out, seen.expand(*out.shape[:-1], seen.shape[-1]))
     extra_v = scheme.score_values(weights, q_pos, k_pos)
     if extra_v is not None:
         out = out + extra_v.to(work)

@@ -425,6 +425,8 @@ def test_bias_fn_wrong_shape():
     with pytest.raises(ValueError, match=r"bias_fn returned shape \(4, 13, 13\) for a tile of 4 query"):
         bias_attention(q, k, v, lambda qp, kp: whole, block_size=4)
     with pytest.raises(ValueError, match="must broadcast to"):
+        bias_attention(q, k, v, lambda qp, kp: whole[:3, :4, :4], block_size=4)
+    with pytest.raises(ValueError, match="ALiBi was built for 3 heads but the queries have 4 heads"):
         bias_attention(q, k, v, ALiBi(3).bias, block_size=4)  # 3 heads for a 4-head input
 
 
