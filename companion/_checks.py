@@ -149,6 +149,20 @@ def check_int_tensor(
     return x.long()
 
 
+def check_position_pair(q_pos: object, k_pos: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate query and key positions for a ``(q_len, k_len)`` table (masks, biases,
+    relative positions): integer tensors (or lists of ints), ``(len,)`` or ``(batch, len)``,
+    per-row batch sizes equal. Returns both as ``int64``, ``q_pos`` moved to ``k_pos``'s
+    device."""
+    q_pos = check_int_tensor(q_pos, "q_pos", dims=(1, 2))
+    k_pos = check_int_tensor(k_pos, "k_pos", dims=(1, 2))
+    if q_pos.dim() == 2 and k_pos.dim() == 2 and q_pos.shape[0] != k_pos.shape[0]:
+        raise ValueError(
+            f"q_pos and k_pos per-row batch sizes must match, got {q_pos.shape[0]} and {k_pos.shape[0]}"
+        )
+    return q_pos.to(k_pos.device), k_pos
+
+
 def contiguous_start(pos: torch.Tensor) -> int | None:
     """``pos[0]`` if ``pos`` is a non-empty 1-D integer tensor equal to
     ``arange(pos[0], pos[0] + len(pos))`` (consecutive positions shared by the batch), else
@@ -316,3 +330,82 @@ def normalize_mask(
     if attn_mask.is_floating_point():
         return None, attn_mask
     raise TypeError(f"{name} must be a bool, integer or floating tensor, got dtype {attn_mask.dtype}")
+
+
+# --- helpers added for rope and kernels ---
+
+
+def check_device(device: object, name: str = "device") -> torch.device:
+    """Require a ``torch.device``, a device string (``"cpu"``, ``"cuda"``, ``"cuda:0"``) or a
+    tensor (meaning its device); return the ``torch.device``.
+
+    ``"gpu"`` raises ``ValueError`` and an int or ``None`` ``TypeError``, with the allowed forms
+    named (torch's own errors list every backend it was built for, or ask for a CUDA driver).
+    """
+    if isinstance(device, torch.Tensor):
+        return device.device
+    if isinstance(device, torch.device):
+        return device
+    if isinstance(device, str):
+        try:
+            return torch.device(device)
+        except RuntimeError as exc:
+            raise ValueError(f"{name} must be a device such as 'cpu', 'cuda' or 'cuda:0', got {device!r}") from exc
+    raise TypeError(
+        f"{name} must be a torch.device, a device string such as 'cpu' or 'cuda:0', or a tensor, "
+        f"got {type(device).__name__}"
+    )
+
+
+def _element_span(x: torch.Tensor) -> tuple[int, int]:
+    """``(first, last + 1)``: the storage offsets, in elements, that ``x`` can touch."""
+    last = sum((size - 1) * stride for size, stride in zip(x.shape, x.stride()))
+    return x.storage_offset(), x.storage_offset() + last + 1
+
+
+def has_internal_overlap(x: torch.Tensor) -> bool:
+    """Whether two elements of ``x`` are one memory location (an ``expand``-ed view, say).
+
+    Writing such a tensor in place writes some locations several times. Exact: a layout
+    whose strides, sorted, each exceed the reach of the smaller ones cannot overlap (the
+    common case, decided without touching memory); any other layout is checked by counting
+    distinct offsets.
+    """
+    if x.numel() == 0:
+        return False
+    dims = sorted((st, size) for size, st in zip(x.shape, x.stride()) if size > 1)
+    reach = 0
+    for stride, size in dims:
+        if stride <= reach:
+            break
+        reach += (size - 1) * stride
+    else:
+        return False
+    first, end = _element_span(x)
+    offsets = torch.arange(first, end).as_strided(x.shape, x.stride(), 0)
+    return offsets.unique().numel() < x.numel()
+
+
+def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether some element of ``a`` and some element of ``b`` are one memory location.
+
+    Views of one buffer that never touch the same element (the ``q`` and ``k`` slices of a
+    fused ``qkv`` projection) do not share memory. Different storages, or disjoint ranges,
+    are decided at once; otherwise the elements of ``a`` are marked in a one-byte map of the
+    shared range and ``b``'s are looked up (exact for one element size; views of different
+    element sizes whose ranges meet count as sharing).
+    """
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    (a0, a1), (b0, b1) = _element_span(a), _element_span(b)
+    if a.element_size() != b.element_size():  # compare byte ranges
+        sa, sb = a.element_size(), b.element_size()
+        return not (a1 * sa <= b0 * sb or b1 * sb <= a0 * sa)
+    if a1 <= b0 or b1 <= a0:
+        return False
+    first = min(a0, b0)
+    marks = torch.zeros(max(a1, b1) - first, dtype=torch.bool, device=a.device)
+    marks.as_strided(a.shape, a.stride(), a0 - first).fill_(True)
+    return bool(marks.as_strided(b.shape, b.stride(), b0 - first).any())

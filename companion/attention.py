@@ -43,7 +43,7 @@ from ._checks import (
     as_positions,
     check_bool,
     check_finite_number,
-    check_int_tensor,
+    check_position_pair,
     check_qkv,
     check_scheme_heads,
     normalize_mask,
@@ -154,20 +154,8 @@ def causal_mask(q_pos: Tensor, k_pos: Tensor) -> Tensor:
     float positions raise ``TypeError``, since a float position (bf16 near 256, say) can
     round past its neighbour and let a query see a future key.
     """
-    q_pos, k_pos = _position_pair(q_pos, k_pos)
+    q_pos, k_pos = check_position_pair(q_pos, k_pos)
     return k_pos.unsqueeze(-2) <= q_pos.unsqueeze(-1)
-
-
-def _position_pair(q_pos: object, k_pos: object) -> tuple[Tensor, Tensor]:
-    """Validate a pair of integer positions, ``(len,)`` or ``(batch, len)``, as int64 on
-    ``k_pos``'s device; per-row batch sizes must agree."""
-    q_pos = check_int_tensor(q_pos, "q_pos", dims=(1, 2))
-    k_pos = check_int_tensor(k_pos, "k_pos", dims=(1, 2))
-    if q_pos.dim() == 2 and k_pos.dim() == 2 and q_pos.shape[0] != k_pos.shape[0]:
-        raise ValueError(
-            f"q_pos and k_pos per-row batch sizes must match, got {q_pos.shape[0]} and {k_pos.shape[0]}"
-        )
-    return q_pos.to(k_pos.device), k_pos
 
 
 def _value_flags(v: Tensor) -> Tensor | None:
@@ -192,6 +180,22 @@ def _add_nonfinite(out: Tensor, seen: Tensor) -> Tensor:
     out = torch.where(pos, float("inf"), out)
     out = torch.where(neg, float("-inf"), out)
     return torch.where(nan | (pos & neg), float("nan"), out)
+
+
+def _check_hook_shape(term: object, want: tuple[int, ...], scheme: PositionScheme, hook: str,
+                      names: str) -> None:
+    """A ``score``/``score_values`` term must be a tensor that broadcasts to ``want``."""
+    if not isinstance(term, Tensor):
+        raise TypeError(f"{type(scheme).__name__}.{hook} must return a tensor or None, got {type(term).__name__}")
+    try:
+        ok = torch.broadcast_shapes(term.shape, want) == torch.Size(want)
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{type(scheme).__name__}.{hook} returned shape {tuple(term.shape)}, which does not "
+            f"broadcast to {names} = {want}"
+        )
 
 
 def _heads_view(mask: Tensor) -> Tensor:
@@ -278,6 +282,7 @@ def attention(
     logits = qw @ kw.transpose(-1, -2)
     extra = scheme.score(qw, kw, q_pos, k_pos)
     if extra is not None:
+        _check_hook_shape(extra, (b, h, lq, lk), scheme, "score", "(batch, heads, q_len, k_len)")
         logits = logits + extra.to(work)
     logits = logits * scale
     pos_bias = scheme.bias(q_pos, k_pos)
@@ -323,6 +328,7 @@ def attention(
         out = _add_nonfinite(out, seen.expand(*out.shape[:-1], seen.shape[-1]))
     extra_v = scheme.score_values(weights, q_pos, k_pos)
     if extra_v is not None:
+        _check_hook_shape(extra_v, tuple(out.shape), scheme, "score_values", "(batch, heads, q_len, v_dim)")
         out = out + extra_v.to(work)
     out = out.to(q.dtype)
     if return_weights:

@@ -40,7 +40,16 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_positive_int, check_tensor
+from ._checks import (
+    check_bool,
+    check_finite_number,
+    check_float_dtype,
+    check_int_tensor,
+    check_position_pair,
+    check_positive_int,
+    check_tensor,
+    contiguous_start,
+)
 from .attention import PositionScheme
 
 __all__ = [
@@ -59,19 +68,6 @@ __all__ = [
     "T5RelativeBias",
 ]
 
-_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
-
-
-def _check_int_positions(pos: object, name: str) -> Tensor:
-    check_tensor(pos, name)
-    assert isinstance(pos, Tensor)
-    if pos.dtype not in _INT_DTYPES:
-        raise TypeError(f"{name} must hold integers (torch.int64 or torch.int32), got dtype {pos.dtype}")
-    if pos.dim() not in (1, 2):
-        raise ValueError(f"{name} must have shape (seq,) or (batch, seq), got {tuple(pos.shape)}")
-    return pos.long()
-
-
 def relative_positions(q_pos: Tensor, k_pos: Tensor) -> Tensor:
     """``k_pos[j] - q_pos[i]``: the key's position relative to the query ("memory minus query").
 
@@ -79,25 +75,39 @@ def relative_positions(q_pos: Tensor, k_pos: Tensor) -> Tensor:
     row. A key in the query's past gets a negative value (the convention of Shaw et al.
     :cite:`shaw2018self` and of T5 :cite:`raffel2020exploring`).
     """
-    q_pos = _check_int_positions(q_pos, "q_pos")
-    k_pos = _check_int_positions(k_pos, "k_pos")
-    if q_pos.dim() == 2 and k_pos.dim() == 2 and q_pos.shape[0] != k_pos.shape[0]:
-        raise ValueError(
-            f"q_pos and k_pos per-row batch sizes must match, got {q_pos.shape[0]} and {k_pos.shape[0]}"
-        )
+    q_pos, k_pos = check_position_pair(q_pos, k_pos)
     return k_pos.unsqueeze(-2) - q_pos.unsqueeze(-1)
 
 
+def _check_index(index: object, target: Tensor, rows: int, k_len: int | None = None) -> Tensor:
+    """Validate a table-row index for ``target`` ``(batch, heads, q_len, ...)``: an integer
+    ``(q_len, k_len)`` or ``(batch, q_len, k_len)`` tensor with values in ``[0, rows)``
+    (``k_len`` checked when given). Returns it as int64 on ``target``'s device, so that no
+    bad index reaches ``gather``, ``scatter_add`` or table indexing (where a negative one
+    would silently wrap around)."""
+    index = check_int_tensor(index, "index", what="table rows")
+    b, _, lq = target.shape[:3]
+    want = f"(q_len, k_len) or (batch, q_len, k_len) with batch = {b}, q_len = {lq}" + (
+        "" if k_len is None else f", k_len = {k_len}")
+    ok = index.dim() in (2, 3) and index.shape[-2] == lq and (k_len is None or index.shape[-1] == k_len)
+    if ok and index.dim() == 3:
+        ok = index.shape[0] == b
+    if not ok:
+        raise ValueError(f"index must have shape {want}, got {tuple(index.shape)}")
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= rows):
+        raise IndexError(
+            f"index must hold table rows in [0, {rows}) (the table has {rows} rows), got "
+            f"values in [{int(index.min())}, {int(index.max())}]"
+        )
+    return index.to(target.device)
+
+
 def _expand_index(index: Tensor, target: Tensor) -> Tensor:
-    """View a ``(q, k)`` or ``(b, q, k)`` index as ``(b, h, q, k)`` without copying."""
+    """View a validated ``(q, k)`` or ``(b, q, k)`` index as ``(b, h, q, k)`` without copying."""
     b, h = target.shape[0], target.shape[1]
     if index.dim() == 2:
         return index.expand(b, h, *index.shape)
-    if index.dim() == 3:
-        if index.shape[0] != b:
-            raise ValueError(f"per-row index batch {index.shape[0]} must equal the tensor batch {b}")
-        return index.unsqueeze(1).expand(b, h, *index.shape[1:])
-    raise ValueError(f"index must have shape (q_len, k_len) or (batch, q_len, k_len), got {tuple(index.shape)}")
+    return index.unsqueeze(1).expand(b, h, *index.shape[1:])
 
 
 # ============================================================================ Shaw et al. 2018
@@ -114,15 +124,32 @@ def shaw_relative_index(q_pos: Tensor, k_pos: Tensor, max_distance: int) -> Tens
     return relative_positions(q_pos, k_pos).clamp(-max_distance, max_distance) + max_distance
 
 
-def _check_table(table: Tensor, name: str, q: Tensor) -> None:
+def _check_table(table: Tensor, name: str, x: Tensor, width: int | None, what: str) -> None:
+    """A Shaw table is floating, ``(2K+1, width)`` or ``(heads, 2K+1, width)`` with the heads
+    of ``x`` ``(batch, heads, ...)``; ``width=None`` accepts any width."""
     check_tensor(table, name)
-    if table.dim() not in (2, 3) or table.shape[-1] != q.shape[-1]:
+    if table.dim() not in (2, 3) or table.shape[-1] != (width or table.shape[-1]):
+        need = "" if width is None else f" with {what} {width}"
         raise ValueError(
-            f"{name} must have shape (2K+1, head_dim) or (heads, 2K+1, head_dim) with head_dim "
-            f"{q.shape[-1]}, got {tuple(table.shape)}"
+            f"{name} must have shape (2K+1, {what}) or (heads, 2K+1, {what}){need}, got {tuple(table.shape)}"
         )
-    if table.dim() == 3 and table.shape[0] != q.shape[1]:
-        raise ValueError(f"{name} has {table.shape[0]} heads, the queries have {q.shape[1]}")
+    if not table.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {table.dtype}")
+    if table.dim() == 3 and table.shape[0] != x.shape[1]:
+        raise ValueError(f"{name} has {table.shape[0]} heads, the queries have {x.shape[1]}")
+
+
+def _shaw_inputs(x: Tensor, x_name: str, table: Tensor, t_name: str, index: Tensor,
+                 values: bool) -> Tensor:
+    """Validate the inputs of the Shaw terms; return the index."""
+    check_tensor(x, x_name, 4)
+    if not x.is_floating_point():
+        raise TypeError(f"{x_name} must be a floating-point tensor, got dtype {x.dtype}")
+    if values:
+        _check_table(table, t_name, x, None, "v_dim")
+        return _check_index(index, x, table.shape[-2], k_len=x.shape[-1])
+    _check_table(table, t_name, x, x.shape[-1], "head_dim")
+    return _check_index(index, x, table.shape[-2])
 
 
 def shaw_score(q: Tensor, table_k: Tensor, index: Tensor) -> Tensor:
@@ -138,13 +165,17 @@ def shaw_score(q: Tensor, table_k: Tensor, index: Tensor) -> Tensor:
         table_k: ``(2K+1, head_dim)`` shared by the heads (the paper), or
             ``(heads, 2K+1, head_dim)``.
         index: table rows from :func:`shaw_relative_index`, ``(q_len, k_len)`` or
-            ``(batch, q_len, k_len)``.
+            ``(batch, q_len, k_len)``, integers in ``[0, 2K+1)``; its ``q_len`` must be
+            ``q``'s.
 
     Returns:
         ``(batch, heads, q_len, k_len)``, to be added to ``q k^T`` before the scale.
+
+    Raises:
+        TypeError: a non-integer ``index``; ValueError: shapes; IndexError: an index
+        outside the table.
     """
-    check_tensor(q, "q", 4)
-    _check_table(table_k, "table_k", q)
+    index = _shaw_inputs(q, "q", table_k, "table_k", index, values=False)
     per_offset = q @ table_k.to(q.dtype).transpose(-1, -2)  # (b, h, q_len, 2K+1)
     return per_offset.gather(-1, _expand_index(index, q))
 
@@ -158,16 +189,14 @@ def shaw_values(weights: Tensor, table_v: Tensor, index: Tensor) -> Tensor:
 
     Args:
         weights: attention weights ``(batch, heads, q_len, k_len)``.
-        table_v: ``(2K+1, v_dim)`` or ``(heads, 2K+1, v_dim)``.
-        index: as in :func:`shaw_score`.
+        table_v: ``(2K+1, v_dim)`` or ``(heads, 2K+1, v_dim)``; ``v_dim`` need not equal
+            the query head dim.
+        index: as in :func:`shaw_score`, with exactly ``weights``' ``(q_len, k_len)``.
 
     Returns:
         ``(batch, heads, q_len, v_dim)``, added to ``weights @ v``.
     """
-    check_tensor(weights, "weights", 4)
-    check_tensor(table_v, "table_v")
-    if table_v.dim() not in (2, 3):
-        raise ValueError(f"table_v must have shape (2K+1, v_dim) or (heads, 2K+1, v_dim), got {tuple(table_v.shape)}")
+    index = _shaw_inputs(weights, "weights", table_v, "table_v", index, values=True)
     rows = table_v.shape[-2]
     b, h, lq, _ = weights.shape
     per_offset = weights.new_zeros(b, h, lq, rows).scatter_add_(-1, _expand_index(index, weights), weights)
@@ -185,15 +214,14 @@ def _gathered(table: Tensor, index: Tensor) -> tuple[Tensor, str]:
 
 def shaw_score_naive(q: Tensor, table_k: Tensor, index: Tensor) -> Tensor:
     """Reference for :func:`shaw_score`: materialises ``a^K_ij`` as ``(q_len, k_len, d)``."""
-    check_tensor(q, "q", 4)
-    _check_table(table_k, "table_k", q)
+    index = _shaw_inputs(q, "q", table_k, "table_k", index, values=False)
     big, sub = _gathered(table_k.to(q.dtype), index)
     return torch.einsum(f"bhid,{sub}->bhij", q, big)
 
 
 def shaw_values_naive(weights: Tensor, table_v: Tensor, index: Tensor) -> Tensor:
     """Reference for :func:`shaw_values`: materialises ``a^V_ij`` as ``(q_len, k_len, d)``."""
-    check_tensor(weights, "weights", 4)
+    index = _shaw_inputs(weights, "weights", table_v, "table_v", index, values=True)
     big, sub = _gathered(table_v.to(weights.dtype), index)
     return torch.einsum(f"bhij,{sub}->bhid", weights, big)
 
@@ -206,25 +234,30 @@ class ShawRelative(PositionScheme):
     vectors each, shared by all heads of a layer, as in the paper.
 
     Args:
-        head_dim: query/key/value head dimension.
+        head_dim: query/key head dimension.
         max_distance: the clipping distance ``K`` (>= 1); offsets beyond share a vector.
         naive: use the ``(L, L, d)`` reference forms (for tests and memory comparisons).
-        init_std: standard deviation of the normal initialisation of both tables.
+        init_std: standard deviation of the normal initialisation of both tables, a finite
+            number >= 0.
+        v_dim: value head dimension (default ``head_dim``); :func:`~companion.attention.attention`
+            allows values of another width than queries and keys.
 
     Attributes:
-        table_k, table_v: ``nn.Parameter`` of shape ``(2K+1, head_dim)``; row ``K + r``
-        holds the vector for relative position ``r = key - query``.
+        table_k: ``nn.Parameter`` ``(2K+1, head_dim)``; table_v: ``(2K+1, v_dim)``. Row
+        ``K + r`` holds the vector for relative position ``r = key - query``.
     """
 
     def __init__(self, head_dim: int, max_distance: int = 16, *, naive: bool = False,
-                 init_std: float = 0.02) -> None:
+                 init_std: float = 0.02, v_dim: int | None = None) -> None:
         super().__init__()
         self.head_dim = check_positive_int(head_dim, "head_dim")
         self.max_distance = check_positive_int(max_distance, "max_distance")
-        self.naive = bool(naive)
+        self.v_dim = head_dim if v_dim is None else check_positive_int(v_dim, "v_dim")
+        self.naive = check_bool(naive, "naive")
+        init_std = check_finite_number(init_std, "init_std", minimum=0)
         rows = 2 * max_distance + 1
         self.table_k = nn.Parameter(torch.randn(rows, head_dim) * init_std)
-        self.table_v = nn.Parameter(torch.randn(rows, head_dim) * init_std)
+        self.table_v = nn.Parameter(torch.randn(rows, self.v_dim) * init_std)
 
     def _index(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         return shaw_relative_index(q_pos, k_pos, self.max_distance)
@@ -237,12 +270,14 @@ class ShawRelative(PositionScheme):
         return fn(q, self.table_k, self._index(q_pos, k_pos))
 
     def score_values(self, weights: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """``sum_j w_ij a^V_ij`` as ``(batch, heads, q_len, head_dim)``."""
+        """``sum_j w_ij a^V_ij`` as ``(batch, heads, q_len, v_dim)``."""
         fn = shaw_values_naive if self.naive else shaw_values
         return fn(weights, self.table_v, self._index(q_pos, k_pos))
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, max_distance={self.max_distance}, naive={self.naive}, " + super().extra_repr()
+        v_dim = "" if self.v_dim == self.head_dim else f"v_dim={self.v_dim}, "
+        return (f"head_dim={self.head_dim}, max_distance={self.max_distance}, {v_dim}"
+                f"naive={self.naive}, " + super().extra_repr())
 
 
 # ============================================================================ Transformer-XL
@@ -257,15 +292,16 @@ def sinusoidal_relative_table(
     the row and the cosines the second (Dai et al. :cite:`dai2019transformerxl`, the layout
     of the authors' ``PositionalEmbedding``). Angles are computed in float64 and the result
     cast to ``dtype``. Returns ``(len(distances), dim)``.
+
+    ``distances`` is a 1-D integer tensor (or list of ints), ``dim`` a positive even int,
+    ``base`` a finite number > 1 and ``dtype`` a floating dtype.
     """
     check_positive_int(dim, "dim")
     if dim % 2:
         raise ValueError(f"dim must be even (sines and cosines come in pairs), got {dim}")
-    if not base > 1:
-        raise ValueError(f"base must be > 1, got {base}")
-    d = torch.as_tensor(distances)
-    if d.dtype not in _INT_DTYPES or d.dim() != 1:
-        raise TypeError(f"distances must be a 1-D integer tensor, got dtype {d.dtype} and shape {tuple(d.shape)}")
+    base = check_finite_number(base, "base", above=1)
+    check_float_dtype(dtype)
+    d = check_int_tensor(distances, "distances", dims=(1,), what="distances")
     inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     angles = d.to(torch.float64)[:, None] * inv_freq[None, :]
     return torch.cat([angles.sin(), angles.cos()], dim=-1).to(dtype)
@@ -316,6 +352,15 @@ def transformer_xl_score(
     """
     check_tensor(q, "q", 4)
     check_tensor(k, "k", 4)
+    for name, t in (("r", r), ("u", u), ("v", v)):
+        check_tensor(t, name)
+    if not (q.is_floating_point() and k.dtype == q.dtype):
+        raise ValueError(f"q and k must share a floating dtype, got {q.dtype} and {k.dtype}")
+    if k.shape[0] != q.shape[0] or k.shape[1] != q.shape[1] or k.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"k must have q's batch, heads and head_dim {(q.shape[0], q.shape[1], q.shape[-1])}, "
+            f"got shape {tuple(k.shape)}"
+        )
     lq, lk = q.shape[-2], k.shape[-2]
     if mem_len is None:
         if lk != lq:
@@ -340,16 +385,6 @@ def transformer_xl_score(
     return position + content_bias
 
 
-def _contiguous_start(pos: Tensor) -> int | None:
-    """``pos[0]`` if ``pos`` is 1-D and equals ``arange(pos[0], pos[0] + len)``, else None."""
-    if pos.dim() != 1 or pos.numel() == 0 or pos.dtype not in _INT_DTYPES:
-        return None
-    start = int(pos[0])
-    if torch.equal(pos, torch.arange(start, start + pos.numel(), device=pos.device)):
-        return start
-    return None
-
-
 class TransformerXL(PositionScheme):
     """Transformer-XL relative attention :cite:`dai2019transformerxl` (``score`` hook).
 
@@ -368,8 +403,9 @@ class TransformerXL(PositionScheme):
         num_heads: heads.
         head_dim: head dimension.
         d_r: width of the sinusoid table (even; default ``num_heads * head_dim``).
-        base: sinusoid base (10000 in the paper).
+        base: sinusoid base (10000 in the paper), a finite number > 1.
         bidirectional: embed negative distances too.
+        init_std: standard deviation of the initial ``u`` and ``v``, a finite number >= 0.
 
     Attributes:
         u: ``(num_heads, head_dim)`` parameter, the global content bias.
@@ -385,8 +421,9 @@ class TransformerXL(PositionScheme):
         self.d_r = num_heads * head_dim if d_r is None else check_positive_int(d_r, "d_r")
         if self.d_r % 2:
             raise ValueError(f"d_r must be even, got {self.d_r}")
-        self.base = float(base)
-        self.bidirectional = bool(bidirectional)
+        self.base = check_finite_number(base, "base", above=1)
+        self.bidirectional = check_bool(bidirectional, "bidirectional")
+        init_std = check_finite_number(init_std, "init_std", minimum=0)
         self.u = nn.Parameter(torch.randn(num_heads, head_dim) * init_std)
         self.v = nn.Parameter(torch.randn(num_heads, head_dim) * init_std)
         self.r_proj = nn.Linear(self.d_r, num_heads * head_dim, bias=False)
@@ -395,6 +432,10 @@ class TransformerXL(PositionScheme):
         """``W_R R_d`` for each distance: ``(num_heads, len(distances), head_dim)``."""
         table = sinusoidal_relative_table(distances, self.d_r, self.base, dtype=self.r_proj.weight.dtype)
         return self.r_proj(table).view(-1, self.num_heads, self.head_dim).transpose(0, 1)
+
+    def scheme_heads(self) -> int:
+        """``num_heads``: ``u``, ``v`` and the projection are per head."""
+        return self.num_heads
 
     def _check(self, q: Tensor) -> None:
         if q.shape[1] != self.num_heads or q.shape[-1] != self.head_dim:
@@ -405,7 +446,13 @@ class TransformerXL(PositionScheme):
     def score(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """Terms (b) + (c) + (d) as ``(batch, heads, q_len, k_len)``."""
         self._check(q)
-        q0, k0 = _contiguous_start(q_pos), _contiguous_start(k_pos)
+        q_pos, k_pos = check_position_pair(q_pos, k_pos)
+        if q_pos.shape[-1] != q.shape[-2] or k_pos.shape[-1] != k.shape[-2]:
+            raise ValueError(
+                f"q_pos and k_pos must have q_len = {q.shape[-2]} and k_len = {k.shape[-2]} "
+                f"entries, got shapes {tuple(q_pos.shape)} and {tuple(k_pos.shape)}"
+            )
+        q0, k0 = contiguous_start(q_pos), contiguous_start(k_pos)
         lq, lk = q.shape[-2], k.shape[-2]
         if q0 is not None and k0 is not None and (self.bidirectional or q0 >= k0):
             return self._score_shift(q, k, q0 - k0)
@@ -451,14 +498,10 @@ class TransformerXL(PositionScheme):
 
 def _check_bucket_args(bidirectional: bool, num_buckets: int, max_distance: int) -> int:
     """Validate T5 bucket arguments; return ``max_exact``."""
-    if not isinstance(bidirectional, bool):
-        raise TypeError(f"bidirectional must be a bool, got {type(bidirectional).__name__}")
+    check_bool(bidirectional, "bidirectional")
     if isinstance(num_buckets, bool) or not isinstance(num_buckets, int):
         raise TypeError(f"num_buckets must be an int, got {type(num_buckets).__name__}")
-    if isinstance(max_distance, bool) or not isinstance(max_distance, int):
-        raise TypeError(f"max_distance must be an int, got {type(max_distance).__name__}")
-    if max_distance < 1:
-        raise ValueError(f"max_distance must be >= 1, got {max_distance}")
+    check_positive_int(max_distance, "max_distance")
     smallest = 4 if bidirectional else 2
     if num_buckets < smallest:
         raise ValueError(
@@ -502,10 +545,7 @@ def t5_relative_position_bucket(
         int64 buckets in ``[0, num_buckets)``, shaped like ``relative_position``.
     """
     max_exact = _check_bucket_args(bidirectional, num_buckets, max_distance)
-    rel = torch.as_tensor(relative_position)
-    if rel.dtype not in _INT_DTYPES:
-        raise TypeError(f"relative_position must hold integers, got dtype {rel.dtype}")
-    n = -rel.long()
+    n = -check_int_tensor(relative_position, "relative_position", what="relative positions")
     if bidirectional:
         half = num_buckets // 2
         bucket = (n < 0).long() * half
@@ -560,6 +600,10 @@ class T5RelativeBias(PositionScheme):
         """The learned table, ``(num_buckets, num_heads)`` (the embedding's weight)."""
         return self.relative_attention_bias.weight
 
+    def scheme_heads(self) -> int:
+        """``num_heads``: one table column per query head."""
+        return self.num_heads
+
     def buckets(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """Bucket of each (query, key): ``(q_len, k_len)`` or ``(batch, q_len, k_len)``."""
         return t5_relative_position_bucket(
@@ -574,8 +618,8 @@ class T5RelativeBias(PositionScheme):
         Toeplitz: it buckets only the ``q_len + k_len - 1`` distinct offsets and lays the looked-up
         values out with a strided view, instead of bucketing ``q_len * k_len`` pairs.
         """
-        q_pos, k_pos = _check_int_positions(q_pos, "q_pos"), _check_int_positions(k_pos, "k_pos")
-        q0, k0 = _contiguous_start(q_pos), _contiguous_start(k_pos)
+        q_pos, k_pos = check_position_pair(q_pos, k_pos)
+        q0, k0 = contiguous_start(q_pos), contiguous_start(k_pos)
         if q0 is None or k0 is None:
             values = self.relative_attention_bias(self.buckets(q_pos, k_pos))  # (..., q, k, heads)
             return values.movedim(-1, -3)

@@ -338,7 +338,7 @@ def test_sinusoidal_relative_table_layout():
     assert table.dtype == torch.float32
     with pytest.raises(ValueError, match="dim must be even"):
         sinusoidal_relative_table(d, 7)
-    with pytest.raises(TypeError, match="distances must be a 1-D integer tensor"):
+    with pytest.raises(TypeError, match="distances must hold integers"):
         sinusoidal_relative_table(torch.tensor([1.5]), 8)
 
 
