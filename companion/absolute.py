@@ -39,7 +39,15 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from ._checks import as_positions, check_position_range, check_positive_int, check_tensor
+from ._checks import (
+    as_positions,
+    check_finite_number,
+    check_float_dtype,
+    check_int_tensor,
+    check_position_range,
+    check_positive_int,
+    check_tensor,
+)
 from .attention import PositionScheme
 
 __all__ = [
@@ -54,18 +62,7 @@ __all__ = [
 
 
 def _check_base(base: object) -> float:
-    if isinstance(base, bool) or not isinstance(base, (int, float)):
-        raise TypeError(f"base must be a real number, got {type(base).__name__}")
-    base = float(base)
-    if not math.isfinite(base) or base <= 1.0:
-        raise ValueError(f"base must be a finite number > 1, got {base}")
-    return base
-
-
-def _check_float_dtype(dtype: object) -> torch.dtype:
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
-    return dtype
+    return check_finite_number(base, "base", above=1)
 
 
 def sinusoidal_frequencies(dim: int, base: float = 10000.0) -> Tensor:
@@ -104,17 +101,8 @@ def sinusoidal_encoding(
     them). Computed in float64, cast to ``dtype`` at the end.
     """
     check_positive_int(dim, "dim")
-    _check_float_dtype(dtype)
-    if not isinstance(positions, Tensor):
-        try:
-            positions = torch.as_tensor(positions)
-        except (TypeError, ValueError) as exc:
-            raise TypeError("positions must be an integer tensor or a sequence of ints") from exc
-    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
-        raise TypeError(
-            f"positions must hold integers, got dtype {positions.dtype}; positions are never "
-            "floating point (use sinusoidal_frequencies for a continuous position)"
-        )
+    check_float_dtype(dtype)
+    positions = check_int_tensor(positions, "positions")
     omega = sinusoidal_frequencies(dim, base).to(positions.device)
     angle = positions.to(torch.float64).unsqueeze(-1) * omega
     out = torch.empty_like(angle)
@@ -200,9 +188,7 @@ class ScaledSinusoidalEmbedding(SinusoidalEmbedding):
 
     def __init__(self, dim: int, base: float = 10000.0, init_scale: float | None = None) -> None:
         super().__init__(dim, base)
-        init = self.dim**-0.5 if init_scale is None else float(init_scale)
-        if not math.isfinite(init):
-            raise ValueError(f"init_scale must be finite, got {init_scale}")
+        init = self.dim**-0.5 if init_scale is None else check_finite_number(init_scale, "init_scale", positive=False)
         self.scale = nn.Parameter(torch.tensor(init, dtype=torch.float32))
 
     def embed(self, x: Tensor, pos: Tensor | Sequence[int] | None = None) -> Tensor:
@@ -239,8 +225,7 @@ class LearnedPositionalEmbedding(PositionScheme):
         super().__init__()
         self.n_positions = check_positive_int(n_positions, "n_positions")
         self.dim = check_positive_int(dim, "dim")
-        if not (math.isfinite(init_std) and init_std >= 0):
-            raise ValueError(f"init_std must be a finite number >= 0, got {init_std}")
+        init_std = check_finite_number(init_std, "init_std", minimum=0)
         self.weight = nn.Parameter(torch.empty(n_positions, dim))
         nn.init.normal_(self.weight, mean=0.0, std=init_std, generator=generator)
 
@@ -260,11 +245,7 @@ class LearnedPositionalEmbedding(PositionScheme):
 
     def lookup(self, pos: Tensor | Sequence[int]) -> Tensor:
         """Rows ``W[pos]`` for integer positions of any shape; ``IndexError`` outside the table."""
-        if not isinstance(pos, Tensor):
-            pos = torch.as_tensor(pos)
-        if pos.dtype.is_floating_point or pos.dtype.is_complex or pos.dtype == torch.bool:
-            raise TypeError(f"pos must hold integers, got dtype {pos.dtype}")
-        pos = pos.to(self.weight.device).long()
+        pos = check_int_tensor(pos, "pos").to(self.weight.device)
         check_position_range(pos, "pos", 0, self.n_positions)
         return self.weight[pos]
 

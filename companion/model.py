@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import as_positions, check_positive_int, check_tensor
+from ._checks import as_positions, check_bool, check_positive_int, check_tensor
 from .attention import NoPE, PositionScheme, attention
 
 __all__ = ["MultiHeadAttention", "TinyDecoder"]
@@ -27,6 +27,11 @@ class MultiHeadAttention(nn.Module):
         scheme: position scheme used inside attention; ``None`` means :class:`~companion.attention.NoPE`.
         n_kv_heads: key/value heads for grouped-query attention (default ``n_heads``).
         bias: whether the projections have biases.
+
+    ``forward(x)`` requires ``x`` of shape ``(batch, seq, d_model)`` in the layer's dtype (a
+    bf16 ``x`` for fp32 weights raises ``TypeError``: cast the input or the module);
+    ``batch = 0`` and ``seq = 0`` are allowed. ``attn_mask`` follows
+    :func:`~companion.attention.attention` (bool, integer 1/0, or float additive).
     """
 
     def __init__(
@@ -40,6 +45,7 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         check_positive_int(d_model, "d_model")
         check_positive_int(n_heads, "n_heads")
+        check_bool(bias, "bias")
         n_kv_heads = n_heads if n_kv_heads is None else check_positive_int(n_kv_heads, "n_kv_heads")
         if d_model % n_heads:
             raise ValueError(f"d_model ({d_model}) must be a multiple of n_heads ({n_heads})")
@@ -47,7 +53,8 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
-        self.scheme = NoPE() if scheme is None else scheme
+        self.d_model = d_model
+        self.scheme = _check_scheme(scheme, n_heads)
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
         self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
@@ -56,6 +63,19 @@ class MultiHeadAttention(nn.Module):
     def _split(self, x: Tensor, heads: int) -> Tensor:
         b, n, _ = x.shape
         return x.view(b, n, heads, self.head_dim).transpose(1, 2)
+
+    def _check_input(self, x: object) -> Tensor:
+        check_tensor(x, "x", 3)
+        assert isinstance(x, Tensor)
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"x must have last dimension d_model = {self.d_model}, got shape {tuple(x.shape)}")
+        weight = self.q_proj.weight
+        if x.dtype != weight.dtype:
+            raise TypeError(
+                f"x has dtype {x.dtype} but the layer's weights are {weight.dtype}; cast one to "
+                f"the other (x.to({weight.dtype}) or module.to({x.dtype}))"
+            )
+        return x
 
     def forward(
         self,
@@ -67,7 +87,7 @@ class MultiHeadAttention(nn.Module):
         return_weights: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """``x``: ``(batch, seq, d_model)``; ``pos``: ``(seq,)`` or ``(batch, seq)``."""
-        check_tensor(x, "x", 3)
+        x = self._check_input(x)
         b, n, _ = x.shape
         pos = as_positions(pos, "pos", n, b, x.device)
         q = self._split(self.q_proj(x), self.n_heads)
@@ -78,8 +98,17 @@ class MultiHeadAttention(nn.Module):
             causal=causal, attn_mask=attn_mask, return_weights=return_weights,
         )
         out, weights = res if return_weights else (res, None)
-        out = self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+        out = self.o_proj(out.transpose(1, 2).reshape(b, n, self.d_model))
         return (out, weights) if return_weights else out
+
+
+def _check_scheme(scheme: object, n_heads: int) -> PositionScheme:
+    """``None`` means NoPE; a scheme must be a PositionScheme that fits ``n_heads`` heads."""
+    scheme = NoPE() if scheme is None else scheme
+    if not isinstance(scheme, PositionScheme):
+        raise TypeError(f"scheme must be a companion PositionScheme or None, got {type(scheme).__name__}")
+    scheme.check_heads(n_heads)
+    return scheme
 
 
 class _Block(nn.Module):
@@ -113,6 +142,9 @@ class TinyDecoder(nn.Module):
     biases (GPT-2 style), *including those inside the scheme* (a learned position table, T5's
     bucket table, Transformer-XL's projection), so that all schemes start on an equal footing.
     Buffers (a sinusoidal table, RoPE's frequencies) are left untouched.
+
+    A scheme with per-head state must be built for ``n_heads`` heads (``ValueError``
+    otherwise, at construction).
     """
 
     def __init__(
@@ -128,10 +160,13 @@ class TinyDecoder(nn.Module):
     ) -> None:
         super().__init__()
         check_positive_int(vocab_size, "vocab_size")
+        check_positive_int(d_model, "d_model")
+        check_positive_int(n_heads, "n_heads")
         check_positive_int(n_layers, "n_layers")
-        self.scheme = NoPE() if scheme is None else scheme
+        check_bool(tie_weights, "tie_weights")
+        self.scheme = _check_scheme(scheme, n_heads)
         self.tok = nn.Embedding(vocab_size, d_model)
-        d_ff = 4 * d_model if d_ff is None else d_ff
+        d_ff = 4 * d_model if d_ff is None else check_positive_int(d_ff, "d_ff")
         self.blocks = nn.ModuleList(
             _Block(d_model, n_heads, d_ff, self.scheme, n_kv_heads) for _ in range(n_layers)
         )
@@ -159,7 +194,11 @@ class TinyDecoder(nn.Module):
         """Return next-token logits ``(batch, seq, vocab)`` for token ids ``idx`` ``(batch, seq)``.
 
         ``position_ids`` default to ``arange(seq)``; pass ``(batch, seq)`` ids for left
-        padding, together with a boolean ``attn_mask`` of shape ``(batch, 1, 1, seq)``.
+        padding, together with a key-padding ``attn_mask``. A 2-D ``attn_mask`` is read as
+        HuggingFace's ``attention_mask``: shape ``(batch, seq)``, ``1``/``True`` = a real
+        token, ``0``/``False`` = padding (what a tokenizer returns). Any other mask follows
+        :func:`~companion.attention.attention` (broadcastable to ``(batch, heads, seq, seq)``:
+        bool, integer 1/0, or float additive). The causal mask is always applied.
         """
         check_tensor(idx, "idx", 2)
         b, n = idx.shape
@@ -169,12 +208,31 @@ class TinyDecoder(nn.Module):
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= vocab):
             raise IndexError(f"idx must lie in [0, {vocab}), got [{int(idx.min())}, {int(idx.max())}]")
         pos = as_positions(position_ids, "position_ids", n, b, idx.device)
+        if isinstance(attn_mask, Tensor) and attn_mask.dim() == 2:
+            if attn_mask.shape != (b, n):
+                raise ValueError(
+                    f"a 2-D attn_mask is a (batch, seq) padding mask, HuggingFace's attention_mask: "
+                    f"expected shape {(b, n)}, got {tuple(attn_mask.shape)}"
+                )
+            attn_mask = attn_mask[:, None, None, :]
         x = self.scheme.embed(self.tok(idx), pos)
         for block in self.blocks:
             x = block(x, pos, attn_mask)
         return self.head(self.ln_f(x))
 
     def loss(self, idx: Tensor, targets: Tensor, position_ids: Tensor | None = None) -> Tensor:
-        """Mean next-token cross-entropy; ``targets`` has ``idx``'s shape (-100 is ignored)."""
+        """Mean next-token cross-entropy; ``targets`` has ``idx``'s shape (-100 is ignored).
+
+        ``targets`` are integer token ids in ``[0, vocab_size)`` or ``-100``.
+        """
+        check_tensor(targets, "targets")
+        if targets.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"targets must hold integer token ids (torch.int64), got dtype {targets.dtype}")
+        if isinstance(idx, Tensor) and targets.shape != idx.shape:
+            raise ValueError(f"targets must have idx's shape {tuple(idx.shape)}, got {tuple(targets.shape)}")
+        vocab = self.tok.num_embeddings
+        bad = (targets != -100) & ((targets < 0) | (targets >= vocab))
+        if bool(bad.any()):
+            raise IndexError(f"targets must lie in [0, {vocab}) or be -100 (ignored), got {int(targets[bad][0])}")
         logits = self(idx, position_ids)
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)

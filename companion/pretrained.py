@@ -43,6 +43,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ._checks import check_float_dtype
+
 __all__ = [
     "PACKAGE",
     "VERSION",
@@ -209,13 +211,28 @@ def load_position_table(
     """Read one 2-D tensor (by default the BERT position table) from a ``.safetensors`` file.
 
     Only that tensor is read (safetensors memory-maps the file). Raises ``FileNotFoundError``
-    for a missing file, ``KeyError`` naming the available keys for a wrong ``key``, and
-    ``ValueError`` for a shape other than ``expected_shape``.
+    for a missing file, ``IsADirectoryError`` for a folder, ``ValueError`` naming the file for
+    one that is not in the safetensors format (a PyTorch ``.bin`` pickle, say), ``KeyError``
+    naming the available keys for a wrong ``key``, ``ValueError`` for a shape other than
+    ``expected_shape``, and ``TypeError`` for a ``dtype`` that is not a floating
+    ``torch.dtype`` (pass ``torch.float16``, not ``"float16"``).
     """
+    check_float_dtype(dtype)
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory; pass the path of a .safetensors file inside it")
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
-    with _safe_open(path) as fh:
+    try:
+        handle = _safe_open(path)
+    except Exception as exc:  # safetensors raises its own error types for a bad header
+        if isinstance(exc, ImportError):
+            raise
+        raise ValueError(
+            f"{path} is not a safetensors file ({type(exc).__name__}: {exc}); load_position_table "
+            f"reads only the .safetensors format (a PyTorch .bin checkpoint must be converted)"
+        ) from exc
+    with handle as fh:
         keys = list(fh.keys())
         if key not in keys:
             raise KeyError(f"{path.name} has no tensor {key!r}; it has {len(keys)}: {sorted(keys)[:8]} ...")
@@ -237,6 +254,7 @@ def minilm_position_table(
     ``python -m companion.pretrained fetch``. Row ``p`` is added to the token at position
     ``p`` (BERT, :cite:`devlin2019bert`; MiniLM, :cite:`wang2020minilm`).
     """
+    check_float_dtype(dtype)
     if path is None:
         path = find_model()
         if path is None:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["seed_everything", "provenance", "save_result", "load_result", "peak_tensor_bytes"]
+__all__ = ["seed_everything", "provenance", "numeric_config", "cpu_model", "save_result", "load_result", "peak_tensor_bytes"]
 
 
 def seed_everything(seed: int = 0) -> torch.Generator:
@@ -53,8 +53,68 @@ def _git_commit(cwd: Path) -> str | None:
     return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
+#: Environment variables that change floating-point results on the same machine; recorded in
+#: every provenance so that a stored number can be traced to the numeric configuration.
+NUMERIC_ENV_VARS: tuple[str, ...] = (
+    "ATEN_CPU_CAPABILITY", "MKL_CBWR", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+    "OPENBLAS_CORETYPE", "TRITON_INTERPRET",
+)
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, ``sysctl`` on macOS), or ``None``."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.split(":", 1)[1].strip() or None
+    except OSError:
+        pass
+    if platform.system() == "Darwin":
+        try:
+            out = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=10
+            )
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or None
+
+
+def _torch_build_setting(key: str) -> str | None:
+    config = torch.__config__.show()
+    marker = f"{key}="
+    if marker not in config:
+        return None
+    return config.split(marker, 1)[1].split(",", 1)[0].strip() or None
+
+
+def numeric_config() -> dict[str, Any]:
+    """What decides float rounding here: CPU, torch's vector kernels, BLAS and threads.
+
+    Two machines that agree on every field compute the same float32 results with the pinned
+    stack; a difference in any of them (another CPU, ``ATEN_CPU_CAPABILITY``, ``MKL_CBWR``,
+    the thread count) may change the last bits, which training then amplifies.
+    """
+    return {
+        "cpu_model": cpu_model(),
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "blas": _torch_build_setting("BLAS_INFO"),
+        "mkl_available": torch.backends.mkl.is_available(),
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "env": {name: os.environ[name] for name in NUMERIC_ENV_VARS if name in os.environ},
+    }
+
+
 def provenance(command: str | None = None) -> dict[str, Any]:
-    """Describe the run: command, git commit, versions, UTC date and machine."""
+    """Describe the run: command, git commit, versions, UTC date, machine and numeric config.
+
+    The numeric configuration (:func:`numeric_config`: CPU model, torch's CPU capability, the
+    BLAS library, thread counts and the environment variables that change rounding) is what
+    a reader needs to know to tell whether their machine should reproduce a stored number
+    bit for bit, or only to the precision the book prints.
+    """
     info: dict[str, Any] = {
         "command": command,
         "git_commit": _git_commit(Path(__file__).resolve().parent),
@@ -63,9 +123,8 @@ def provenance(command: str | None = None) -> dict[str, Any]:
         "torch": torch.__version__,
         "numpy": np.__version__,
         "machine": platform.machine(),
-        "processor": platform.processor() or None,
         "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
+        **numeric_config(),
     }
     if torch.cuda.is_available():
         info["cuda_device"] = torch.cuda.get_device_name()
@@ -73,18 +132,42 @@ def provenance(command: str | None = None) -> dict[str, Any]:
     return info
 
 
+def _to_json(obj: Any) -> Any:
+    """``json.dumps`` fallback: tensors and numpy arrays become (nested) lists, numpy and
+    0-d tensor scalars Python numbers; anything else raises ``TypeError`` naming its type."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().tolist()
+    if isinstance(obj, (np.ndarray, np.generic)):
+        return obj.tolist()
+    raise TypeError(
+        f"save_result cannot serialise a {type(obj).__name__} in data; use numbers, strings, "
+        f"lists, dicts, torch tensors or numpy arrays"
+    )
+
+
 def save_result(path: str | os.PathLike[str], data: Any, command: str | None = None) -> Path:
-    """Write ``{"provenance": ..., "data": data}`` as indented JSON and return the path."""
+    """Write ``{"provenance": ..., "data": data}`` as indented JSON and return the path.
+
+    Torch tensors and numpy arrays in ``data`` are written as (nested) lists, numpy scalars
+    as Python numbers. Nothing is written if ``data`` cannot be serialised.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"provenance": provenance(command), "data": data}
-    path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
+    text = json.dumps(payload, indent=2, sort_keys=False, default=_to_json) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
     return path
 
 
 def load_result(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a file written by :func:`save_result`; returns the whole payload."""
-    payload = json.loads(Path(path).read_text())
+    """Read a file written by :func:`save_result`; returns the whole payload.
+
+    Raises ``ValueError`` naming the file if it is not valid JSON or not a result file.
+    """
+    try:
+        payload = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON, so not a result file: {exc}") from exc
     if not isinstance(payload, dict) or "data" not in payload or "provenance" not in payload:
         raise ValueError(f"{path} is not a result file (expected keys 'provenance' and 'data')")
     return payload
