@@ -36,22 +36,42 @@ bit in float32) is spelled out in its docstring.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from ._checks import as_positions, check_position_range, check_positive_int, check_tensor
+from ._checks import (
+    as_positions,
+    check_bool,
+    check_choice,
+    check_device,
+    check_finite_number,
+    check_float_dtype,
+    check_int_tensor,
+    check_position_range,
+    check_positive_int,
+    check_tensor,
+    has_internal_overlap,
+    shares_memory,
+)
 from .attention import PositionScheme
 
 __all__ = [
     "LAYOUTS",
+    "TableRows",
+    "RopeArgs",
     "rope_frequencies",
     "rope_cos_sin",
     "rotate_half",
     "rope_rotate",
     "apply_rope",
+    "check_layout",
+    "check_rotary_dim",
+    "check_rope_tables",
+    "rope_table_rows",
+    "check_rope_args",
     "RotaryEmbedding",
     "positions_from_mask",
     "layout_permutation",
@@ -65,6 +85,9 @@ LAYOUTS: tuple[str, ...] = ("half", "interleaved")
 #: float32 holds every integer exactly only up to 2**24; larger positions need float64 angles.
 _FP32_EXACT_INT = 2**24
 
+#: The dtypes angles and tables are computed in.
+_TABLE_DTYPES = (torch.float32, torch.float64)
+
 # The fast path works on slices of the sequence of about this many elements (1 MiB of float32),
 # so that its temporaries stay in the CPU cache and are reused rather than freshly allocated
 # (large fresh allocations cost page faults). Larger slices mean fewer calls, and fewer
@@ -72,16 +95,43 @@ _FP32_EXACT_INT = 2**24
 _CHUNK_ELEMS = 1 << 18
 
 
-# ----------------------------------------------------------------------------- validation helpers
+# ----------------------------------------------------------------------------- validation
+#
+# The public checks below are the whole validation of a RoPE call. apply_rope, rope_rotate and
+# companion.kernels.fused_rope all go through them, so every backend accepts the same input
+# and rejects it with the same message.
 
 
-def _check_layout(layout: object) -> str:
-    if not isinstance(layout, str) or layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    return layout
+class TableRows(NamedTuple):
+    """Which rows of a compact cos/sin table one call reads (from :func:`rope_table_rows`).
+
+    Sequence index ``s`` of batch row ``b`` reads row ``start + s``, or ``positions[s]`` /
+    ``positions[b, s]`` when ``positions`` is set (int64 ``(seq,)`` or ``(batch, seq)``).
+    ``gathered`` means the tables are already ``(batch or 1, seq, rotary_dim // 2)``: row
+    ``s`` of table ``b`` (or of table 0).
+    """
+
+    start: int = 0
+    positions: Tensor | None = None
+    gathered: bool = False
 
 
-def _check_rotary_dim(rotary_dim: object, head_dim: int) -> int:
+class RopeArgs(NamedTuple):
+    """A validated RoPE call (from :func:`check_rope_args`)."""
+
+    layout: str
+    rotary_dim: int
+    rows: TableRows
+    inplace: bool
+
+
+def check_layout(layout: object) -> str:
+    """Require one of :data:`LAYOUTS` (``ValueError`` otherwise)."""
+    return check_choice(layout, "layout", LAYOUTS)  # type: ignore[return-value]
+
+
+def check_rotary_dim(rotary_dim: object, head_dim: int) -> int:
+    """Require an even ``rotary_dim`` in ``[2, head_dim]``; ``None`` means ``head_dim``."""
     if rotary_dim is None:
         rotary_dim = head_dim
     if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
@@ -95,37 +145,169 @@ def _check_rotary_dim(rotary_dim: object, head_dim: int) -> int:
     return rotary_dim
 
 
-def _check_compute_dtype(dtype: object) -> torch.dtype:
-    if dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"compute_dtype must be torch.float32 or torch.float64, got {dtype}")
+def _check_table_dtype(dtype: object, name: str) -> torch.dtype:
+    check_float_dtype(dtype, name)
+    if dtype not in _TABLE_DTYPES:
+        raise ValueError(f"{name} must be torch.float32 or torch.float64, got {dtype}")
     return dtype  # type: ignore[return-value]
 
 
-def _int_positions(positions: Tensor | Sequence[int] | int, name: str) -> Tensor:
-    """Any-shape integer positions as int64; an int ``n`` means ``arange(n)``."""
-    if isinstance(positions, bool):
-        raise TypeError(f"{name} must be an int or an integer tensor, got bool")
-    if isinstance(positions, int):
-        check_positive_int(positions, name, minimum=0)
-        return torch.arange(positions)
-    if not isinstance(positions, Tensor):
-        try:
-            positions = torch.as_tensor(positions)
-        except (TypeError, ValueError, RuntimeError) as exc:
-            raise TypeError(f"{name} must be an integer tensor or a sequence of ints") from exc
-    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
-        raise TypeError(
-            f"{name} must hold integers (torch.int64 or torch.int32), got dtype {positions.dtype}; "
-            "positions are never floating point"
+def _check_activation(x: object, name: str) -> Tensor:
+    """A 4-D floating-point tensor ``(batch, heads, seq, head_dim)``."""
+    check_tensor(x, name, 4)
+    if not x.dtype.is_floating_point:  # type: ignore[union-attr]
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")  # type: ignore[union-attr]
+    return x  # type: ignore[return-value]
+
+
+def _check_inplace(xs: dict[str, Tensor], cos: Tensor, sin: Tensor) -> None:
+    """An in-place rotation of ``xs`` must not need gradients, nor write one element twice."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (*xs.values(), cos, sin)):
+        raise ValueError("inplace=True is not differentiable: pass inplace=False when gradients are needed")
+    for name, x in xs.items():
+        if has_internal_overlap(x):
+            raise ValueError(
+                f"{name} has elements that share memory (an expanded or stride-0 view), so "
+                f"inplace=True would rotate them more than once; use inplace=False or pass "
+                f"{name}.contiguous()"
+            )
+    if len(xs) == 2 and shares_memory(*xs.values()):
+        names = " and ".join(xs)
+        raise ValueError(f"{names} share memory; use inplace=False or pass distinct tensors")
+
+
+def _last_dim(x: object) -> int:
+    """The size of the last dimension of a tensor ``x`` of at least one dimension."""
+    check_tensor(x, "x")
+    if x.dim() == 0:  # type: ignore[union-attr]
+        raise ValueError("x must have at least 1 dimension (the feature dimension is the last), got a 0-d tensor")
+    return x.shape[-1]  # type: ignore[union-attr]
+
+
+def _table_positions(positions: object) -> Tensor:
+    """Positions for a table: an int ``n`` means ``arange(n)``, else integers of any shape."""
+    if isinstance(positions, int) and not isinstance(positions, bool):
+        return torch.arange(check_positive_int(positions, "positions", minimum=0))
+    return check_int_tensor(positions, "positions")
+
+
+def check_rope_tables(cos: object, sin: object, rotary_dim: int, device: torch.device, x_name: str = "x") -> None:
+    """Require compact tables for ``rotary_dim``, on the activations' device.
+
+    2-D ``(table_len, rotary_dim // 2)`` or 3-D ``(batch or 1, seq, rotary_dim // 2)``, one
+    floating dtype for both. A HuggingFace-width table (``rotary_dim`` columns) gets a hint.
+    """
+    check_tensor(cos, "cos")
+    check_tensor(sin, "sin")
+    assert isinstance(cos, Tensor) and isinstance(sin, Tensor)
+    r = rotary_dim
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    if cos.dtype != sin.dtype or not cos.dtype.is_floating_point:
+        raise TypeError(f"cos and sin must share a floating dtype, got {cos.dtype} and {sin.dtype}")
+    if cos.dim() not in (2, 3) or cos.shape[-1] != r // 2:
+        hint = (
+            f"; a HuggingFace-style table of width {r} holds each column twice: pass cos[..., :{r // 2}]"
+            if cos.dim() in (2, 3) and cos.shape[-1] == r else ""
         )
-    return positions.long()
+        raise ValueError(
+            f"cos/sin must have shape (table_len, rotary_dim // 2) or (batch, seq, rotary_dim // 2) "
+            f"with rotary_dim // 2 = {r // 2}, got {tuple(cos.shape)}{hint}"
+        )
+    if cos.device != device:
+        raise ValueError(f"cos/sin are on {cos.device} but {x_name} is on {device}")
+
+
+def rope_table_rows(
+    cos: Tensor, batch: int, seq: int, positions: Tensor | Sequence[int] | None,
+    offset: int | Tensor | None, device: torch.device,
+) -> TableRows:
+    """Validate ``positions``/``offset`` against the (checked) table ``cos``; say which rows
+    this call reads. See :func:`apply_rope` for the forms; positions outside the table raise
+    ``IndexError``."""
+    if cos.dim() == 3:
+        if positions is not None or offset is not None:
+            raise ValueError(
+                "cos/sin of shape (batch, seq, rotary_dim // 2) are already gathered per row: "
+                "pass positions=None and offset=None (or pass 2-D tables indexed by position)"
+            )
+        if cos.shape[0] not in (1, batch) or cos.shape[1] != seq:
+            raise ValueError(
+                f"gathered cos/sin must have shape ({batch} or 1, {seq}, rotary_dim // 2), "
+                f"got {tuple(cos.shape)}"
+            )
+        return TableRows(gathered=True)
+    table_len = cos.shape[0]
+    if positions is not None:
+        if offset is not None:
+            raise ValueError("pass either positions or offset, not both")
+        pos = as_positions(positions, "positions", seq, batch, device)
+        check_position_range(pos, "positions", 0, table_len)
+        return TableRows(positions=pos)
+    if isinstance(offset, Tensor):
+        off = check_int_tensor(offset, "offset", dims=(0, 1), what="offsets")
+        if off.dim() == 1:
+            if off.shape != (batch,):
+                raise ValueError(f"offset tensor must have shape ({batch},), got {tuple(off.shape)}")
+            pos = off.to(device).unsqueeze(-1) + torch.arange(seq, device=device)
+            check_position_range(pos, "offset + arange(seq)", 0, table_len)
+            return TableRows(positions=pos)
+        offset = int(off)
+    if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int)):
+        raise TypeError(
+            f"offset must be an int or an integer tensor of shape ({batch},), got {type(offset).__name__}"
+        )
+    start = offset or 0
+    if start < 0:
+        raise IndexError(f"offset must be >= 0, got {start}")
+    if start + seq > table_len:
+        raise IndexError(
+            f"offset + seq = {start} + {seq} must be <= the table length {table_len} "
+            "(build longer cos/sin tables)"
+        )
+    return TableRows(start=start)
+
+
+def check_rope_args(
+    q: object, k: object, cos: object, sin: object, *, layout: object = "half",
+    rotary_dim: object = None, positions: Tensor | Sequence[int] | None = None,
+    offset: int | Tensor | None = None, inplace: object = False,
+) -> RopeArgs:
+    """Validate the arguments of :func:`apply_rope` (and of the fused kernel, which takes the
+    same ones); see :func:`apply_rope`. ``q`` and ``k`` may differ in dtype and heads, not in
+    batch, sequence, head_dim or device. In place, ``q`` and ``k`` must not share memory (the
+    shared elements would be rotated twice) and must have no repeated elements."""
+    _check_activation(q, "q")
+    _check_activation(k, "k")
+    assert isinstance(q, Tensor) and isinstance(k, Tensor)
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"k head_dim {k.shape[-1]} must equal q head_dim {q.shape[-1]}")
+    if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(
+            f"q and k must share batch and seq for shared positions, got q {tuple(q.shape)} and "
+            f"k {tuple(k.shape)}; rotate them separately with rope_rotate"
+        )
+    if k.device != q.device:
+        raise ValueError(f"k is on {k.device} but q is on {q.device}")
+    layout = check_layout(layout)
+    r = check_rotary_dim(rotary_dim, q.shape[-1])
+    check_bool(inplace, "inplace")
+    check_rope_tables(cos, sin, r, q.device, "q")
+    assert isinstance(cos, Tensor) and isinstance(sin, Tensor)
+    rows = rope_table_rows(cos, q.shape[0], q.shape[2], positions, offset, q.device)
+    if inplace:
+        _check_inplace({"q": q, "k": k}, cos, sin)
+    return RopeArgs(layout, r, rows, bool(inplace))
 
 
 # ----------------------------------------------------------------------------- frequencies, tables
 
 
-def rope_frequencies(dim: int, base: float = 10000.0, device: torch.device | str | None = None) -> Tensor:
-    """Inverse frequencies ``theta_i = base ** (-2 i / dim)`` for ``i = 0 .. dim/2 - 1``, float32.
+def rope_frequencies(
+    dim: int, base: float = 10000.0, device: torch.device | str | None = None, *,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """Inverse frequencies ``theta_i = base ** (-2 i / dim)`` for ``i = 0 .. dim/2 - 1``.
 
     Computed exactly as HuggingFace's default RoPE and Meta's ``precompute_freqs_cis`` do
     (``1 / base ** (arange(0, dim, 2) / dim)`` in float32), so the values match theirs bit for
@@ -136,18 +318,19 @@ def rope_frequencies(dim: int, base: float = 10000.0, device: torch.device | str
         dim: rotated dimensions, a positive even int.
         base: the RoPE base ("theta"), > 0; 10000 in the paper, 500000 in Llama 3.
         device: where to build the tensor.
+        dtype: ``torch.float32`` (HuggingFace's values, the default) or ``torch.float64``
+            (the same formula evaluated in float64, for float64 tables).
 
     Returns:
-        float32 tensor of shape ``(dim // 2,)``, decreasing from 1.
+        tensor of shape ``(dim // 2,)`` in ``dtype``, decreasing from 1.
     """
     check_positive_int(dim, "dim", minimum=2)
     if dim % 2:
         raise ValueError(f"dim must be even (coordinates are rotated in pairs), got {dim}")
-    if isinstance(base, bool) or not isinstance(base, (int, float)):
-        raise TypeError(f"base must be a float, got {type(base).__name__}")
-    if not (math.isfinite(base) and base > 0):
-        raise ValueError(f"base must be a finite number > 0, got {base}")
-    exponent = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
+    base = check_finite_number(base, "base")
+    dtype = _check_table_dtype(dtype, "dtype")
+    device = None if device is None else check_device(device)
+    exponent = torch.arange(0, dim, 2, dtype=torch.int64, device=device).to(dtype) / dim
     return 1.0 / (base**exponent)
 
 
@@ -178,13 +361,15 @@ def rope_cos_sin(
 
     Raises:
         ValueError: a float32 computation with ``|p| >= 2**24`` (float32 cannot represent every
-            such integer; pass ``compute_dtype=torch.float64``).
+            such integer; pass ``compute_dtype=torch.float64``); an ``attention_scaling`` that
+            is not a finite number > 0.
     """
     check_tensor(inv_freq, "inv_freq", 1)
     if not inv_freq.dtype.is_floating_point:
         raise TypeError(f"inv_freq must be a floating-point tensor, got dtype {inv_freq.dtype}")
-    _check_compute_dtype(compute_dtype)
-    pos = _int_positions(positions, "positions").to(inv_freq.device)
+    _check_table_dtype(compute_dtype, "compute_dtype")
+    attention_scaling = check_finite_number(attention_scaling, "attention_scaling")
+    pos = _table_positions(positions).to(inv_freq.device)
     if compute_dtype == torch.float32 and pos.numel() and int(pos.abs().max()) >= _FP32_EXACT_INT:
         raise ValueError(
             f"positions must be < 2**24 = {_FP32_EXACT_INT} for compute_dtype=torch.float32 "
@@ -208,8 +393,7 @@ def rotate_half(x: Tensor) -> Tensor:
     and for interoperability; :func:`apply_rope` computes the same numbers without the
     concatenation.
     """
-    check_tensor(x, "x")
-    d = x.shape[-1]
+    d = _last_dim(x)
     if d % 2:
         raise ValueError(f"x's last dimension must be even, got {d}")
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
@@ -223,97 +407,23 @@ def _pair_views(x: Tensor, layout: str, r: int) -> tuple[Tensor, Tensor]:
     return x[..., 0:r:2], x[..., 1:r:2]
 
 
-def _check_tables(cos: Tensor, sin: Tensor, r: int, device: torch.device, x_name: str) -> None:
-    """Compact cos/sin tables for ``rotary_dim = r``, on the activations' device."""
-    check_tensor(cos, "cos")
-    check_tensor(sin, "sin")
-    if cos.shape != sin.shape:
-        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
-    if cos.dtype != sin.dtype or not cos.dtype.is_floating_point:
-        raise TypeError(f"cos and sin must share a floating dtype, got {cos.dtype} and {sin.dtype}")
-    if cos.dim() not in (2, 3) or cos.shape[-1] != r // 2:
-        hint = (
-            f"; a HuggingFace-style table of width {r} holds each column twice: pass cos[..., :{r // 2}]"
-            if cos.dim() in (2, 3) and cos.shape[-1] == r else ""
-        )
-        raise ValueError(
-            f"cos/sin must have shape (table_len, rotary_dim // 2) or (batch, seq, rotary_dim // 2) "
-            f"with rotary_dim // 2 = {r // 2}, got {tuple(cos.shape)}{hint}"
-        )
-    if cos.device != device:
-        raise ValueError(f"cos/sin are on {cos.device} but {x_name} is on {device}")
-
-
-def _table_rows(
-    cos: Tensor, batch: int, seq: int, positions: Tensor | Sequence[int] | None,
-    offset: int | Tensor | None, device: torch.device,
-) -> tuple[str, Tensor | int | None]:
-    """Validate ``positions``/``offset`` against the table; say which rows this call reads.
-
-    Returns one of ``("gathered", None)`` (3-D tables, rows already per call),
-    ``("positions", pos)`` (int64 ``(seq,)`` or ``(batch, seq)``), ``("offset", start)`` (rows
-    ``start .. start + seq - 1``) or ``("offsets", starts)`` (int64 ``(batch,)``, one start per
-    row). Shared by :func:`rope_rotate` and the fused kernel, so both accept the same input
-    and reject it with the same messages.
-    """
-    if cos.dim() == 3:
-        if positions is not None or offset is not None:
-            raise ValueError(
-                "cos/sin of shape (batch, seq, rotary_dim // 2) are already gathered per row: "
-                "pass positions=None and offset=None (or pass 2-D tables indexed by position)"
-            )
-        if cos.shape[0] not in (1, batch) or cos.shape[1] != seq:
-            raise ValueError(
-                f"gathered cos/sin must have shape ({batch} or 1, {seq}, rotary_dim // 2), "
-                f"got {tuple(cos.shape)}"
-            )
-        return "gathered", None
-    table_len = cos.shape[0]
-    if positions is not None:
-        if offset is not None:
-            raise ValueError("pass either positions or offset, not both")
-        pos = as_positions(positions, "positions", seq, batch, device)
-        check_position_range(pos, "positions", 0, table_len)
-        return "positions", pos
-    if offset is None or (isinstance(offset, int) and not isinstance(offset, bool)):
-        start = 0 if offset is None else offset
-        if start < 0:
-            raise IndexError(f"offset must be >= 0, got {start}")
-        if start + seq > table_len:
-            raise IndexError(
-                f"offset + seq = {start} + {seq} must be <= the table length {table_len} "
-                "(build longer cos/sin tables)"
-            )
-        return "offset", start
-    if not isinstance(offset, Tensor) or offset.dtype.is_floating_point or offset.dtype == torch.bool:
-        raise TypeError(
-            f"offset must be an int or an integer tensor of shape ({batch},), got "
-            f"{offset.dtype if isinstance(offset, Tensor) else type(offset).__name__}"
-        )
-    if offset.dim() == 0:
-        return _table_rows(cos, batch, seq, None, int(offset), device)
-    if offset.shape != (batch,):
-        raise ValueError(f"offset tensor must have shape ({batch},), got {tuple(offset.shape)}")
-    starts = offset.to(device).long()
-    if starts.numel() and seq:
-        ends = torch.stack((starts.min(), starts.max() + seq - 1))
-        check_position_range(ends, "offset + arange(seq)", 0, table_len)
-    return "offsets", starts
-
-
-def _gather_tables(
-    cos: Tensor, sin: Tensor, batch: int, seq: int, positions: Tensor | Sequence[int] | None,
-    offset: int | Tensor | None, device: torch.device,
-) -> tuple[Tensor, Tensor]:
-    """Rows of the tables for this call, shaped to broadcast against ``(batch, heads, seq, h)``."""
-    kind, rows = _table_rows(cos, batch, seq, positions, offset, device)
-    if kind == "gathered":
+def _gather_rows(cos: Tensor, sin: Tensor, rows: TableRows, seq: int) -> tuple[Tensor, Tensor]:
+    """The table rows of this call, shaped to broadcast against ``(batch, heads, seq, h)``."""
+    if rows.gathered:
         return cos.unsqueeze(1), sin.unsqueeze(1)
-    if kind == "offset":
-        return cos[rows : rows + seq], sin[rows : rows + seq]
-    pos = rows if kind == "positions" else rows.unsqueeze(-1) + torch.arange(seq, device=device)
-    c, s = cos[pos], sin[pos]  # (seq, h) or (batch, seq, h)
-    return (c, s) if pos.dim() == 1 else (c.unsqueeze(1), s.unsqueeze(1))
+    if rows.positions is None:
+        return cos[rows.start : rows.start + seq], sin[rows.start : rows.start + seq]
+    c, s = cos[rows.positions], sin[rows.positions]  # (seq, h) or (batch, seq, h)
+    return (c, s) if rows.positions.dim() == 1 else (c.unsqueeze(1), s.unsqueeze(1))
+
+
+def _rotate(x: Tensor, c: Tensor, s: Tensor, layout: str, r: int, inplace: bool) -> Tensor:
+    """Rotate validated ``x`` by the gathered rows ``c``, ``s`` (see :func:`apply_rope`)."""
+    work = torch.promote_types(torch.promote_types(x.dtype, c.dtype), torch.float32)
+    c, s = c.to(work), s.to(work)
+    if torch.is_grad_enabled() and (x.requires_grad or c.requires_grad or s.requires_grad):
+        return _rotate_autograd(x, c, s, layout, r, work)
+    return _rotate_fast(x, c, s, layout, r, work, inplace)
 
 
 def _rotate_autograd(x: Tensor, c: Tensor, s: Tensor, layout: str, r: int, work: torch.dtype) -> Tensor:
@@ -398,24 +508,17 @@ def rope_rotate(
     Use it when queries and keys sit at different positions (the ``rotate`` hook of
     :class:`RotaryEmbedding`); :func:`apply_rope` is the same for a ``(q, k)`` pair.
     """
-    check_tensor(x, "x", 4)
-    check_tensor(cos, "cos")
-    check_tensor(sin, "sin")
-    layout = _check_layout(layout)
+    _check_activation(x, "x")
+    layout = check_layout(layout)
     b, _, seq, d = x.shape
-    r = _check_rotary_dim(rotary_dim, d)
-    if not x.dtype.is_floating_point:
-        raise TypeError(f"x must be a floating-point tensor, got dtype {x.dtype}")
-    _check_tables(cos, sin, r, x.device, "x")
-    c, s = _gather_tables(cos, sin, b, seq, positions, offset, x.device)
-    work = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), torch.float32)
-    c, s = c.to(work), s.to(work)
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad)
-    if needs_grad:
-        if inplace:
-            raise ValueError("inplace=True is not differentiable: pass inplace=False when gradients are needed")
-        return _rotate_autograd(x, c, s, layout, r, work)
-    return _rotate_fast(x, c, s, layout, r, work, inplace)
+    r = check_rotary_dim(rotary_dim, d)
+    check_bool(inplace, "inplace")
+    check_rope_tables(cos, sin, r, x.device, "x")
+    rows = rope_table_rows(cos, b, seq, positions, offset, x.device)
+    if inplace:
+        _check_inplace({"x": x}, cos, sin)  # type: ignore[arg-type]
+    c, s = _gather_rows(cos, sin, rows, seq)
+    return _rotate(x, c, s, layout, r, inplace)
 
 
 def apply_rope(
@@ -473,17 +576,11 @@ def apply_rope(
     Returns:
         ``(q_rotated, k_rotated)`` in the input dtypes (``q`` and ``k`` themselves if inplace).
     """
-    check_tensor(q, "q", 4)
-    check_tensor(k, "k", 4)
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"k head_dim {k.shape[-1]} must equal q head_dim {q.shape[-1]}")
-    if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
-        raise ValueError(
-            f"q and k must share batch and seq for shared positions, got q {tuple(q.shape)} and "
-            f"k {tuple(k.shape)}; rotate them separately with rope_rotate"
-        )
-    kw = dict(layout=layout, rotary_dim=rotary_dim, positions=positions, offset=offset, inplace=inplace)
-    return rope_rotate(q, cos, sin, **kw), rope_rotate(k, cos, sin, **kw)  # type: ignore[arg-type]
+    args = check_rope_args(q, k, cos, sin, layout=layout, rotary_dim=rotary_dim, positions=positions,
+                           offset=offset, inplace=inplace)
+    c, s = _gather_rows(cos, sin, args.rows, q.shape[2])
+    return (_rotate(q, c, s, args.layout, args.rotary_dim, args.inplace),
+            _rotate(k, c, s, args.layout, args.rotary_dim, args.inplace))
 
 
 # ----------------------------------------------------------------------------- the scheme
@@ -498,6 +595,11 @@ class RotaryEmbedding(PositionScheme):
     up to ``max_cached_positions``; beyond that (or for negative positions) rows are computed
     directly, with the same arithmetic, so the result never depends on the cache.
 
+    Precision follows the input: float32, float16 and bfloat16 activations get float32 tables
+    (HuggingFace's arithmetic, bit for bit), float64 activations get float64 tables computed
+    from float64 frequencies (``base ** (-2 i / r)`` in float64; custom ``inv_freq`` at its own
+    precision), not cached. ``compute_dtype`` fixes the dtype of the angles instead.
+
     Args:
         head_dim: per-head dimension of q and k.
         rotary_dim: rotated dimensions (even, ``<= head_dim``; default ``head_dim``). GPT-NeoX
@@ -508,7 +610,8 @@ class RotaryEmbedding(PositionScheme):
         attention_scaling: factor multiplying both tables (HuggingFace's ``attention_scaling``,
             YaRN's attention factor); 1 for plain RoPE.
         layout: ``"half"`` or ``"interleaved"``.
-        compute_dtype: float32 (HuggingFace's arithmetic) or float64 angles for the tables.
+        compute_dtype: the dtype of the angles, ``torch.float32`` or ``torch.float64``; the
+            default ``None`` means the wider of float32 and the activations' dtype.
         max_cached_positions: the cache never grows past this many rows.
         device: where to build the buffers.
     """
@@ -522,29 +625,32 @@ class RotaryEmbedding(PositionScheme):
         inv_freq: Tensor | None = None,
         attention_scaling: float = 1.0,
         layout: str = "half",
-        compute_dtype: torch.dtype = torch.float32,
+        compute_dtype: torch.dtype | None = None,
         max_cached_positions: int = 1 << 16,
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
         check_positive_int(head_dim, "head_dim", minimum=2)
         self.head_dim = head_dim
-        self.rotary_dim = _check_rotary_dim(rotary_dim, head_dim)
-        self.layout = _check_layout(layout)
-        self.compute_dtype = _check_compute_dtype(compute_dtype)
+        self.rotary_dim = check_rotary_dim(rotary_dim, head_dim)
+        self.layout = check_layout(layout)
+        self.compute_dtype = None if compute_dtype is None else _check_table_dtype(compute_dtype, "compute_dtype")
         self.max_cached_positions = check_positive_int(max_cached_positions, "max_cached_positions", 0)
-        self.base = float(base) if inv_freq is None else None
-        if inv_freq is None:
+        base_given = inv_freq is None
+        if base_given:
             inv_freq = rope_frequencies(self.rotary_dim, base, device=device)
         self.register_buffer("inv_freq", torch.empty(0), persistent=False)
         self.register_buffer("cos_cached", torch.empty(0, self.rotary_dim // 2), persistent=False)
         self.register_buffer("sin_cached", torch.empty(0, self.rotary_dim // 2), persistent=False)
-        self.set_frequencies(inv_freq, attention_scaling)
+        self.set_frequencies(inv_freq, attention_scaling)  # type: ignore[arg-type]
+        #: the base the frequencies come from, or None for custom ``inv_freq``
+        self.base: float | None = float(base) if base_given else None
 
     def set_frequencies(self, inv_freq: Tensor, attention_scaling: float = 1.0) -> None:
         """Replace the inverse frequencies and scaling factor, and empty the cache.
 
-        For scaling methods that change the frequencies at run time (dynamic NTK).
+        For scaling methods that change the frequencies at run time (dynamic NTK). The
+        frequencies are then custom: float64 tables use them as given (see the class doc).
         """
         check_tensor(inv_freq, "inv_freq", 1)
         h = self.rotary_dim // 2
@@ -554,10 +660,8 @@ class RotaryEmbedding(PositionScheme):
             raise TypeError(f"inv_freq must be a floating-point tensor, got dtype {inv_freq.dtype}")
         if not bool(torch.isfinite(inv_freq).all()) or bool((inv_freq <= 0).any()):
             raise ValueError("inv_freq must hold finite values > 0")
-        if isinstance(attention_scaling, bool) or not isinstance(attention_scaling, (int, float)):
-            raise TypeError(f"attention_scaling must be a float, got {type(attention_scaling).__name__}")
-        if not (math.isfinite(attention_scaling) and attention_scaling > 0):
-            raise ValueError(f"attention_scaling must be a finite number > 0, got {attention_scaling}")
+        attention_scaling = check_finite_number(attention_scaling, "attention_scaling")
+        self.base = None
         device = self.inv_freq.device if self.inv_freq.numel() else inv_freq.device
         self.inv_freq = inv_freq.detach().to(device)
         self.attention_scaling = float(attention_scaling)
@@ -569,12 +673,15 @@ class RotaryEmbedding(PositionScheme):
         """Number of rows (positions ``0 .. n-1``) currently in the cache."""
         return self.cos_cached.shape[0]
 
-    def _tables(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        cos, sin = rope_cos_sin(
-            positions, self.inv_freq, attention_scaling=self.attention_scaling,
-            compute_dtype=self.compute_dtype,
-        )
-        return cos.float(), sin.float()
+    def _tables(self, positions: Tensor, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+        """Tables in ``dtype`` (float32 or float64), from angles in ``compute_dtype`` or ``dtype``."""
+        angles = self.compute_dtype or dtype
+        inv_freq = self.inv_freq
+        if angles == dtype == torch.float64 and self.base is not None:
+            inv_freq = rope_frequencies(self.rotary_dim, self.base, inv_freq.device, dtype=torch.float64)
+        cos, sin = rope_cos_sin(positions, inv_freq, attention_scaling=self.attention_scaling,
+                                compute_dtype=angles)
+        return cos.to(dtype), sin.to(dtype)
 
     def _grow(self, length: int) -> None:
         if length <= self.cached_positions:
@@ -583,27 +690,33 @@ class RotaryEmbedding(PositionScheme):
         cos, sin = self._tables(torch.arange(new, device=self.inv_freq.device))
         self.cos_cached, self.sin_cached = cos, sin
 
-    def cos_sin(self, positions: Tensor | Sequence[int] | int) -> tuple[Tensor, Tensor]:
+    def cos_sin(
+        self, positions: Tensor | Sequence[int] | int, *, dtype: torch.dtype = torch.float32,
+    ) -> tuple[Tensor, Tensor]:
         """Compact tables for integer ``positions`` (any shape): shape ``positions.shape + (r // 2,)``.
 
         An int ``n`` means positions ``0 .. n-1``, which gives a 2-D table for
-        :func:`apply_rope`'s ``positions``/``offset`` arguments. Rows come from the cache,
-        which grows on demand.
+        :func:`apply_rope`'s ``positions``/``offset`` arguments. float32 rows come from the
+        cache, which grows on demand; ``dtype=torch.float64`` computes float64 rows (what
+        :meth:`rotate` uses for float64 activations).
         """
-        pos = _int_positions(positions, "positions").to(self.inv_freq.device)
+        dtype = _check_table_dtype(dtype, "dtype")
+        pos = _table_positions(positions).to(self.inv_freq.device)
         if pos.numel() == 0:
-            empty = torch.empty(*pos.shape, self.rotary_dim // 2, device=pos.device)
+            empty = torch.empty(*pos.shape, self.rotary_dim // 2, dtype=dtype, device=pos.device)
             return empty, empty.clone()
         lo, hi = int(pos.min()), int(pos.max())
-        if lo < 0 or hi >= self.max_cached_positions:
-            return self._tables(pos)
+        if dtype == torch.float64 or lo < 0 or hi >= self.max_cached_positions:
+            return self._tables(pos, dtype)
         self._grow(hi + 1)
         return self.cos_cached[pos], self.sin_cached[pos]
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
-        """Rotate ``q`` at ``q_pos`` and ``k`` at ``k_pos``; positions ``(seq,)`` or ``(batch, seq)``."""
-        check_tensor(q, "q", 4)
-        check_tensor(k, "k", 4)
+        """Rotate ``q`` at ``q_pos`` and ``k`` at ``k_pos``; positions ``(seq,)`` or ``(batch, seq)``.
+
+        float64 ``q`` or ``k`` are rotated with float64 tables (see the class doc)."""
+        _check_activation(q, "q")
+        _check_activation(k, "k")
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
             raise ValueError(
                 f"q and k head_dim must equal this scheme's head_dim {self.head_dim}, got "
@@ -612,14 +725,15 @@ class RotaryEmbedding(PositionScheme):
         q_pos = as_positions(q_pos, "q_pos", q.shape[2], q.shape[0], q.device)
         k_pos = as_positions(k_pos, "k_pos", k.shape[2], k.shape[0], k.device)
         kw = dict(layout=self.layout, rotary_dim=self.rotary_dim)
+        dtype = torch.float64 if torch.float64 in (q.dtype, k.dtype) else torch.float32
         # (seq,) positions give (seq, r/2) rows, read by rope_rotate as a table from row 0;
         # (batch, seq) positions give gathered (batch, seq, r/2) rows.
-        cq, sq = self.cos_sin(q_pos)
+        cq, sq = self.cos_sin(q_pos, dtype=dtype)
         q = rope_rotate(q, cq, sq, **kw)  # type: ignore[arg-type]
         if k_pos is q_pos or (k_pos.shape == q_pos.shape and torch.equal(k_pos, q_pos)):
             ck, sk = cq, sq
         else:
-            ck, sk = self.cos_sin(k_pos)
+            ck, sk = self.cos_sin(k_pos, dtype=dtype)
         k = rope_rotate(k, ck, sk, **kw)  # type: ignore[arg-type]
         return q, k
 
@@ -669,8 +783,8 @@ def layout_permutation(head_dim: int, src: str, dst: str, rotary_dim: int | None
     rotating in the other (the permutation conjugates one rotation into the other).
     """
     check_positive_int(head_dim, "head_dim", minimum=2)
-    src, dst = _check_layout(src), _check_layout(dst)
-    r = _check_rotary_dim(rotary_dim, head_dim)
+    src, dst = check_layout(src), check_layout(dst)
+    r = check_rotary_dim(rotary_dim, head_dim)
     idx = torch.arange(head_dim)
     if src == dst:
         return idx
@@ -682,8 +796,7 @@ def layout_permutation(head_dim: int, src: str, dst: str, rotary_dim: int | None
 
 def convert_layout(x: Tensor, src: str, dst: str, rotary_dim: int | None = None) -> Tensor:
     """Re-order the last dimension of ``x`` (per head) from layout ``src`` to ``dst``."""
-    check_tensor(x, "x")
-    perm = layout_permutation(x.shape[-1], src, dst, rotary_dim).to(x.device)
+    perm = layout_permutation(_last_dim(x), src, dst, rotary_dim).to(x.device)
     return x[..., perm]
 
 
