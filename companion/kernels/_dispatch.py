@@ -30,6 +30,8 @@ from types import ModuleType
 
 import torch
 
+from .._checks import check_choice, check_device
+
 __all__ = ["BACKENDS", "backend", "triton_available"]
 
 #: The possible answers of :func:`backend`.
@@ -69,9 +71,8 @@ def backend(device: torch.device | str, op: str = "rope") -> str:
     See the module docstring for the rules. Loading the Triton module is part of the answer:
     the first call for a device that may use Triton imports it.
     """
-    if op not in ("rope", "attention"):
-        raise ValueError(f"op must be 'rope' or 'attention', got {op!r}")
-    dev = torch.device(device)
+    check_choice(op, "op", ("rope", "attention"))
+    dev = check_device(device)
     if dev.type == "cuda":
         mod = _load(op)
         if mod is None:

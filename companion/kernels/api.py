@@ -9,29 +9,45 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from .._checks import as_positions, check_tensor
+from .._checks import (
+    as_positions,
+    check_bool,
+    check_choice,
+    check_device,
+    check_finite_number,
+    check_qkv,
+    check_scheme_heads,
+    check_tensor,
+)
 from ..alibi import alibi_bias, bias_attention
 from ..alibi import alibi_slopes as alibi_slopes_fn
 from ..relative import T5RelativeBias, t5_relative_position_bucket
-from ..rope import _check_layout, _check_rotary_dim, _check_tables, _table_rows, apply_rope
+from ..relative import _check_bucket_args as check_t5_bucket_args  # relative.py's own validator
+from ..rope import TableRows, apply_rope, check_rope_args
 from . import _dispatch
 
 __all__ = [
     "MAX_ATTENTION_HEAD_DIM",
     "MAX_ROPE_HEAD_DIM",
     "KERNEL_DTYPES",
+    "KernelRows",
+    "AttentionMeta",
     "fused_rope",
     "flash_attention_with_bias",
     "kernel_backend",
 ]
 
-#: The largest head_dim the fused RoPE kernel takes (a program holds whole rows in registers).
+#: The largest head_dim the fused RoPE kernel takes (a program holds whole rows in registers);
+#: wider heads take the torch reference.
 MAX_ROPE_HEAD_DIM = 1024
-#: The largest head_dim the attention kernel takes (q, k, v tiles of this width sit in SRAM).
+#: The largest head_dim the attention kernel takes (q, k, v tiles of this width sit in SRAM);
+#: wider heads take the torch reference.
 MAX_ATTENTION_HEAD_DIM = 256
 #: Activation dtypes the kernels run; float64 goes to the torch reference on every device.
 KERNEL_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
@@ -43,74 +59,41 @@ def kernel_backend(x: Tensor | torch.device | str, op: str = "rope") -> str:
     ``"triton"`` (CUDA), ``"triton-interpreter"`` (CPU with ``TRITON_INTERPRET=1`` set before
     the kernels are first used) or ``"torch"`` (the reference). Informational: the entry
     points choose by themselves. A few cases always take the reference whatever the device:
-    float64 data, tables that require a gradient, empty tensors.
+    float64 data, tables that require a gradient, empty tensors, head dims above the
+    kernel's limit, a last dimension that is not contiguous.
     """
-    device = x.device if isinstance(x, Tensor) else x
-    return _dispatch.backend(device, op)
+    return _dispatch.backend(check_device(x, "x"), op)
+
+
+def _unit_stride(*xs: Tensor) -> bool:
+    """Whether every tensor has stride 1 in its last dimension (what the kernels load)."""
+    return all(x.shape[-1] <= 1 or x.stride(-1) == 1 for x in xs)
 
 
 # ============================================================================ RoPE
 
 
-def _check_unit_stride(x: Tensor, name: str) -> None:
-    if x.dim() and x.shape[-1] > 1 and x.stride(-1) != 1:
-        raise ValueError(
-            f"{name} must be contiguous in its last dimension (stride 1), got strides "
-            f"{tuple(x.stride())}; the fused kernels load whole rows: pass {name}.contiguous()"
-        )
+class KernelRows(NamedTuple):
+    """The table row the RoPE kernel reads for sequence index ``s`` of batch row ``b``:
+    ``b * row_stride_b + s * row_coef_s + row_base (+ pos[b * pos_stride_b + s * pos_stride_s])``."""
 
+    pos: Tensor | None = None
+    pos_stride_b: int = 0
+    pos_stride_s: int = 0
+    row_stride_b: int = 0
+    row_coef_s: int = 1
+    row_base: int = 0
 
-def _rope_args(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, layout: object,
-               rotary_dim: object) -> int:
-    """Validate everything but positions; return ``rotary_dim``.
-
-    The checks shared with :func:`companion.rope.apply_rope` are the same functions, so both
-    paths reject the same input with the same message; the rest are the kernel's own limits.
-    """
-    check_tensor(q, "q", 4)
-    check_tensor(k, "k", 4)
-    if not q.dtype.is_floating_point:
-        raise TypeError(f"q must be a floating-point tensor, got dtype {q.dtype}")
-    if k.dtype != q.dtype:
-        raise TypeError(f"k dtype {k.dtype} must equal q dtype {q.dtype} (one fused launch rotates both)")
-    if k.device != q.device:
-        raise ValueError(f"k is on {k.device} but q is on {q.device}")
-    d = q.shape[-1]
-    if k.shape[-1] != d:
-        raise ValueError(f"k head_dim {k.shape[-1]} must equal q head_dim {d}")
-    if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
-        raise ValueError(
-            f"q and k must share batch and seq, got q {tuple(q.shape)} and k {tuple(k.shape)}; "
-            "rotate them separately with companion.rope.rope_rotate"
-        )
-    if d > MAX_ROPE_HEAD_DIM:
-        raise ValueError(f"head_dim must be <= {MAX_ROPE_HEAD_DIM} for the fused RoPE kernel, got {d}")
-    _check_unit_stride(q, "q")
-    _check_unit_stride(k, "k")
-    _check_layout(layout)
-    r = _check_rotary_dim(rotary_dim, d)
-    _check_tables(cos, sin, r, q.device, "q")
-    return r
-
-
-def _kernel_rows(cos: Tensor, batch: int, seq: int, positions: Tensor | Sequence[int] | None,
-                 offset: int | Tensor | None, device: torch.device) -> dict:
-    """Describe, for the kernel, which table row each ``(b, s)`` reads:
-    ``row = b * row_stride_b + s * row_coef_s + row_base (+ pos[b, s])``.
-
-    Validation is :func:`companion.rope._table_rows`, the one ``apply_rope`` uses."""
-    rows = dict(pos=None, pos_stride_b=0, pos_stride_s=0, row_stride_b=0, row_coef_s=1, row_base=0)
-    kind, spec = _table_rows(cos, batch, seq, positions, offset, device)
-    if kind == "gathered":
-        rows["row_stride_b"] = seq if cos.shape[0] == batch and batch > 1 else 0
-    elif kind == "positions":
-        rows.update(pos=spec, pos_stride_b=spec.stride(0) if spec.dim() == 2 else 0,
-                    pos_stride_s=spec.stride(-1), row_coef_s=0)
-    elif kind == "offset":
-        rows["row_base"] = spec
-    else:  # "offsets": one start per batch row
-        rows.update(pos=spec, pos_stride_b=spec.stride(0))
-    return rows
+    @classmethod
+    def of(cls, rows: TableRows, cos: Tensor, batch: int, seq: int) -> KernelRows:
+        """The kernel's form of the rows :func:`companion.rope.rope_table_rows` validated."""
+        if rows.gathered:
+            return cls(row_stride_b=seq if cos.shape[0] == batch and batch > 1 else 0)
+        pos = rows.positions
+        if pos is None:
+            return cls(row_base=rows.start)
+        return cls(pos=pos, pos_stride_b=pos.stride(0) if pos.dim() == 2 else 0,
+                   pos_stride_s=pos.stride(-1), row_coef_s=0)
 
 
 def fused_rope(
@@ -138,13 +121,16 @@ def fused_rope(
 
     Backends (chosen from the device, never by the caller): CUDA runs the Triton kernel; CPU
     runs it through Triton's interpreter if ``TRITON_INTERPRET=1`` was set before the kernels
-    were first used, otherwise :func:`~companion.rope.apply_rope`. float64 data or tables, and
-    tables that require a gradient, always take :func:`~companion.rope.apply_rope`.
+    were first used, otherwise :func:`~companion.rope.apply_rope`. float64 data or tables,
+    tables that require a gradient, ``head_dim > 1024`` and a last dimension that is not
+    contiguous always take :func:`~companion.rope.apply_rope`. Validation is
+    :func:`companion.rope.check_rope_args` on every backend: whatever ``apply_rope`` accepts,
+    this accepts, and it rejects the rest with the same error.
 
     Args:
-        q: ``(batch, heads, seq, head_dim)``, float32/float16/bfloat16 (float64: reference),
-            last dimension contiguous, ``head_dim <= 1024``.
-        k: ``(batch, kv_heads, seq, head_dim)``, same dtype, batch, seq and head_dim as ``q``.
+        q: ``(batch, heads, seq, head_dim)``, float32/float16/bfloat16 (float64: reference).
+        k: ``(batch, kv_heads, seq, head_dim)``, same batch, seq and head_dim as ``q`` (its
+            dtype may differ).
         cos, sin: compact tables, ``(table_len, rotary_dim // 2)`` indexed by position, or
             ``(batch or 1, seq, rotary_dim // 2)`` already gathered (from
             :func:`companion.rope.rope_cos_sin` or ``RotaryEmbedding.cos_sin``).
@@ -158,37 +144,39 @@ def fused_rope(
         ``(q_rotated, k_rotated)``, in the input dtype (``q`` and ``k`` themselves if inplace).
 
     Raises:
-        TypeError: ``k``'s dtype differs from ``q``'s; non-float data; bad table dtypes.
-        ValueError: shapes; a ``head_dim`` above 1024; a last dimension that is not
-            contiguous; an odd or too large ``rotary_dim``; an inplace call that needs grad.
+        TypeError: non-float data; bad table dtypes; float positions; a flag that is not a bool.
+        ValueError: shapes; an odd or too large ``rotary_dim``; an inplace call that needs
+            grad, or whose ``q`` and ``k`` share memory.
         IndexError: positions or offsets outside the table.
     """
-    r = _rope_args(q, k, cos, sin, layout, rotary_dim)
-    batch, _, seq, _ = q.shape
-    rows = _kernel_rows(cos, batch, seq, positions, offset, q.device)
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
-    if inplace and (needs_grad or (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad))):
-        raise ValueError("inplace=True is not differentiable: pass inplace=False when gradients are needed")
+    args = check_rope_args(q, k, cos, sin, layout=layout, rotary_dim=rotary_dim, positions=positions,
+                           offset=offset, inplace=inplace)
+    grad_tables = torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)
     use_ref = (
         _dispatch.backend(q.device, "rope") == "torch"
         or q.dtype not in KERNEL_DTYPES
+        or k.dtype not in KERNEL_DTYPES
         or cos.dtype == torch.float64
-        or (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad))
+        or grad_tables
         or q.numel() == 0
         or k.numel() == 0
+        or q.shape[-1] > MAX_ROPE_HEAD_DIM
+        or not _unit_stride(q, k)
     )
     if use_ref:
-        return apply_rope(q, k, cos, sin, layout=layout, rotary_dim=r, positions=positions,
-                          offset=offset, inplace=inplace)
+        return apply_rope(q, k, cos, sin, layout=args.layout, rotary_dim=args.rotary_dim,
+                          positions=positions, offset=offset, inplace=args.inplace)
     kern = _dispatch.module("rope")
+    rows = KernelRows.of(args.rows, cos, q.shape[0], q.shape[2])
     table_c, table_s = (t.reshape(-1, t.shape[-1]).contiguous() for t in (cos, sin))
-    if inplace:
-        kern.launch_rope(q, k, q, k, table_c, table_s, rows, layout=layout, rotary_dim=r)
+    r = args.rotary_dim
+    if args.inplace:
+        kern.launch_rope(q, k, q, k, table_c, table_s, rows, layout=args.layout, rotary_dim=r)
         return q, k
-    if needs_grad:
-        return kern.FusedRope.apply(q, k, table_c, table_s, rows, layout, r)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        return kern.FusedRope.apply(q, k, table_c, table_s, rows, args.layout, r)
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
-    kern.launch_rope(q, k, q_out, k_out, table_c, table_s, rows, layout=layout, rotary_dim=r)
+    kern.launch_rope(q, k, q_out, k_out, table_c, table_s, rows, layout=args.layout, rotary_dim=r)
     return q_out, k_out
 
 
@@ -197,29 +185,55 @@ def fused_rope(
 #: The position biases :func:`flash_attention_with_bias` computes inside the kernel.
 BIASES: tuple[str | None, ...] = (None, "alibi", "t5")
 
-_POS_LIMIT = 2**30  # int32 positions with int32 differences
+_POS_LIMIT = 2**30  # the kernels hold positions, and their differences, in int32
 
 
-def _t5_spec(t5: object, heads: int) -> tuple[Tensor, int, int, bool, T5RelativeBias | None]:
-    """``(table, num_buckets, max_distance, bidirectional, module or None)`` from ``t5``."""
+class T5Spec(NamedTuple):
+    """The T5 bias of one call, from a module or from the tuple form."""
+
+    table: Tensor
+    num_buckets: int
+    max_distance: int
+    bidirectional: bool
+    module: T5RelativeBias | None
+
+
+def _t5_spec(t5: object, heads: int, device: torch.device) -> T5Spec:
+    """Validate ``t5`` (a module or ``(table, num_buckets, max_distance, bidirectional)``) for
+    ``heads`` query heads: the head check of every other attention path, T5's bucket checks."""
     if isinstance(t5, T5RelativeBias):
-        return t5.table, t5.num_buckets, t5.max_distance, t5.bidirectional, t5
-    if not isinstance(t5, (tuple, list)) or len(t5) != 4:
+        spec = T5Spec(t5.table, t5.num_buckets, t5.max_distance, t5.bidirectional, t5)
+        check_scheme_heads(t5.num_heads, heads, type(t5).__name__)
+    elif isinstance(t5, (tuple, list)) and len(t5) == 4:
+        spec = T5Spec(*t5, module=None)
+        check_tensor(spec.table, "t5 table", 2)
+        check_t5_bucket_args(spec.bidirectional, spec.num_buckets, spec.max_distance)
+        if not spec.table.dtype.is_floating_point:
+            raise TypeError(f"t5 table must be floating point, got dtype {spec.table.dtype}")
+        if spec.table.shape[0] != spec.num_buckets:
+            raise ValueError(f"t5 table must have shape (num_buckets, heads) = ({spec.num_buckets}, "
+                             f"{heads}), got {tuple(spec.table.shape)}")
+        check_scheme_heads(spec.table.shape[1], heads, "the t5 table")
+    else:
         raise TypeError(
             "t5 must be a companion.relative.T5RelativeBias or a tuple (table, num_buckets, "
             f"max_distance, bidirectional), got {type(t5).__name__}"
         )
-    table, num_buckets, max_distance, bidirectional = t5
-    check_tensor(table, "t5 table", 2)
-    # Validates the three settings with relative.py's own checks and messages.
-    t5_relative_position_bucket(torch.zeros(1, dtype=torch.long), bidirectional, num_buckets, max_distance)
-    if table.shape != (num_buckets, heads):
-        raise ValueError(
-            f"t5 table must have shape (num_buckets, heads) = ({num_buckets}, {heads}), got {tuple(table.shape)}"
-        )
-    if not table.dtype.is_floating_point:
-        raise TypeError(f"t5 table must be floating point, got dtype {table.dtype}")
-    return table, num_buckets, max_distance, bidirectional, None
+    if spec.table.device != device:
+        raise ValueError(f"the t5 table is on {spec.table.device} but q is on {device}")
+    return spec
+
+
+def _alibi_slopes(slopes: object, heads: int, device: torch.device) -> Tensor:
+    """Custom ALiBi slopes ``(heads,)`` as float32 on ``device``, or the default ones."""
+    if slopes is None:
+        return _cached(_slopes_cache, (heads, device), lambda: alibi_slopes_fn(heads, device=device))
+    check_tensor(slopes, "alibi_slopes", 1)
+    assert isinstance(slopes, Tensor)
+    if not slopes.dtype.is_floating_point:
+        raise TypeError(f"alibi_slopes must be a floating-point tensor, got dtype {slopes.dtype}")
+    check_scheme_heads(slopes.shape[0], heads, "alibi_slopes")
+    return slopes.detach().to(device=device, dtype=torch.float32).contiguous()
 
 
 def _attention_positions(pos: object, name: str, length: int, batch: int, device: torch.device,
@@ -232,10 +246,28 @@ def _attention_positions(pos: object, name: str, length: int, batch: int, device
     if not p.numel():
         return p, 0, -1
     lo, hi = (int(x) for x in torch.aminmax(p))
-    if lo <= -_POS_LIMIT or hi >= _POS_LIMIT:
-        raise ValueError(f"{name} must lie in (-2**30, 2**30) for the attention kernel, got "
-                         f"a position {hi if hi >= _POS_LIMIT else lo}")
     return p, lo, hi
+
+
+@dataclass(frozen=True)
+class AttentionMeta:
+    """The non-tensor arguments of one attention launch (see ``FlashBiasAttention``)."""
+
+    #: int32 ``(1 or batch, len)`` positions, or both None for the default contiguous
+    #: positions ``q0 + i`` and ``k0 + j``, which the kernels compute instead of loading
+    q_pos: Tensor | None
+    k_pos: Tensor | None
+    q0: int
+    k0: int
+    #: 0 none, 1 ALiBi, 2 T5 (the index in :data:`BIASES`)
+    bias: int
+    #: float32 ``(heads,)`` ALiBi slopes, or None
+    slopes: Tensor | None
+    #: the clamped offset range of the T5 per-offset vector
+    t5_lo: int
+    t5_hi: int
+    causal: bool
+    scale: float
 
 
 _CACHE_LIMIT = 64
@@ -254,7 +286,8 @@ def _cached(cache: dict, key: tuple, make) -> Tensor:
 
 
 def _reference_attention(q: Tensor, k: Tensor, v: Tensor, kind: str | None, slopes: Tensor | None,
-                         t5: tuple, causal: bool, scale: float, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+                         t5: T5Spec | None, causal: bool, scale: float, q_pos: Tensor | None,
+                         k_pos: Tensor | None) -> Tensor:
     """The torch path: :func:`companion.alibi.bias_attention` with the matching bias."""
     kw = dict(causal=causal, scale=scale, q_pos=q_pos, k_pos=k_pos)
     if kind is None:
@@ -264,6 +297,7 @@ def _reference_attention(q: Tensor, k: Tensor, v: Tensor, kind: str | None, slop
             return alibi_bias(slopes, qp, kp)  # type: ignore[arg-type]
         alibi_fn.relative_bias = True  # type: ignore[attr-defined]
         return bias_attention(q, k, v, alibi_fn, **kw)
+    assert t5 is not None
     table, num_buckets, max_distance, bidirectional, module = t5
     if module is not None:
         return bias_attention(q, k, v, module, **kw)
@@ -311,105 +345,65 @@ def flash_attention_with_bias(
     Backends (chosen from the device): CUDA runs the Triton kernels; CPU runs them through
     Triton's interpreter if ``TRITON_INTERPRET=1`` was set before the kernels were first
     used, otherwise :func:`companion.alibi.bias_attention` (the blockwise torch path, same
-    result). float64 always takes the torch path.
+    result). float64, ``head_dim > 256``, a value dim other than ``head_dim`` and positions
+    outside ``(-2**30, 2**30)`` always take the torch path; a last dimension that is not
+    contiguous is copied for the kernel. The arguments are validated by the same checks as
+    :func:`companion.attention.attention` and :func:`companion.alibi.bias_attention`
+    (``companion._checks``), on every backend: a scheme (``t5``, ``alibi_slopes``) must be
+    built for exactly ``heads`` heads.
 
     Args:
-        q: ``(batch, heads, q_len, head_dim)``, float32/float16/bfloat16, ``head_dim <= 256``,
-            last dimension contiguous.
-        k, v: ``(batch, kv_heads, k_len, head_dim)``, same dtype; ``heads`` a multiple of
+        q: ``(batch, heads, q_len, head_dim)``, float32/float16/bfloat16.
+        k: ``(batch, kv_heads, k_len, head_dim)``, same dtype; ``heads`` a multiple of
             ``kv_heads`` (grouped-query attention).
+        v: ``(batch, kv_heads, k_len, v_dim)``, same dtype.
         bias: ``None``, ``"alibi"`` or ``"t5"``.
         alibi_slopes: ``(heads,)`` slopes for ``bias="alibi"``.
-        t5: the T5 bias for ``bias="t5"``, see above.
-        causal: mask the future by position.
-        scale: logit scale, default ``1 / sqrt(head_dim)``.
-        q_pos, k_pos: integer positions ``(len,)`` or ``(batch, len)`` in ``(-2**30, 2**30)``;
-            default keys at ``arange(k_len)`` and queries the last ``q_len`` of them (decoding).
+        t5: the T5 bias for ``bias="t5"``, see above, for ``heads`` heads.
+        causal: mask the future by position (a bool).
+        scale: logit scale, a finite number > 0; default ``1 / sqrt(head_dim)``.
+        q_pos, k_pos: integer positions ``(len,)`` or ``(batch, len)``; default keys at
+            ``arange(k_len)`` and queries the last ``q_len`` of them (decoding).
 
     Returns:
-        ``(batch, heads, q_len, head_dim)`` in ``q``'s dtype; a query that may attend no key
+        ``(batch, heads, q_len, v_dim)`` in ``q``'s dtype; a query that may attend no key
         gets zeros.
     """
-    check_tensor(q, "q", 4)
-    check_tensor(k, "k", 4)
-    check_tensor(v, "v", 4)
-    if not q.dtype.is_floating_point:
-        raise TypeError(f"q must be a floating-point tensor, got dtype {q.dtype}")
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} dtype {t.dtype} must equal q dtype {q.dtype}")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-    b, h, lq, d = q.shape
-    hk, lk = k.shape[1], k.shape[2]
-    if k.shape[0] != b:
-        raise ValueError(f"k batch size {k.shape[0]} must equal q batch size {b}")
-    if k.shape[-1] != d:
-        raise ValueError(f"k head_dim {k.shape[-1]} must equal q head_dim {d}")
-    if v.shape != k.shape:
-        raise ValueError(f"v shape {tuple(v.shape)} must equal k shape {tuple(k.shape)} (the kernel "
-                         "needs the value dim equal to head_dim)")
-    if hk < 1 or h % hk:
-        raise ValueError(f"q heads ({h}) must be a multiple of k heads ({hk})")
-    if d > MAX_ATTENTION_HEAD_DIM:
-        raise ValueError(f"head_dim must be <= {MAX_ATTENTION_HEAD_DIM} for the attention kernel, got {d}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_unit_stride(t, name)
-    if bias not in BIASES:
-        raise ValueError(f"bias must be one of {BIASES}, got {bias!r}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
-    scale = float(scale)
+    b, h, lq, d, hk, lk = check_qkv(q, k, v)
+    check_choice(bias, "bias", BIASES)
+    causal = check_bool(causal, "causal")
+    scale = 1.0 / math.sqrt(d) if scale is None else check_finite_number(scale, "scale")
     if bias != "alibi" and alibi_slopes is not None:
         raise ValueError("alibi_slopes is only used with bias='alibi'")
     if bias != "t5" and t5 is not None:
         raise ValueError("t5 is only used with bias='t5'")
-    slopes = None
-    if bias == "alibi":
-        if alibi_slopes is None:
-            slopes = _cached(_slopes_cache, (h, q.device), lambda: alibi_slopes_fn(h, device=q.device))
-        else:
-            slopes = alibi_slopes
-            check_tensor(slopes, "alibi_slopes", 1)
-            if slopes.shape != (h,) or not slopes.dtype.is_floating_point:
-                raise ValueError(f"alibi_slopes must be a float tensor of shape (heads,) = ({h},), got "
-                                 f"{tuple(slopes.shape)} {slopes.dtype}")
-            slopes = slopes.detach().to(device=q.device, dtype=torch.float32).contiguous()
-    spec: tuple = ()
+    slopes = _alibi_slopes(alibi_slopes, h, q.device) if bias == "alibi" else None
+    spec = None
     if bias == "t5":
         if t5 is None:
             raise ValueError("bias='t5' needs t5=T5RelativeBias(...) or "
                              "(table, num_buckets, max_distance, bidirectional)")
-        spec = _t5_spec(t5, h)
-        if spec[0].device != q.device:
-            raise ValueError(f"the t5 table is on {spec[0].device} but q is on {q.device}")
+        spec = _t5_spec(t5, h, q.device)
     q0 = max(lk - lq, 0)
     q_pos, q_lo, q_hi = _attention_positions(q_pos, "q_pos", lq, b, q.device, q0)
     k_pos, k_lo, k_hi = _attention_positions(k_pos, "k_pos", lk, b, q.device, 0)
 
     use_ref = (_dispatch.backend(q.device, "attention") == "torch" or q.dtype not in KERNEL_DTYPES
-               or q.numel() == 0 or k.numel() == 0)
+               or q.numel() == 0 or k.numel() == 0 or d > MAX_ATTENTION_HEAD_DIM or v.shape[-1] != d
+               or min(q_lo, k_lo) <= -_POS_LIMIT or max(q_hi, k_hi) >= _POS_LIMIT)
     if use_ref:
         return _reference_attention(q, k, v, bias, slopes, spec, causal, scale, q_pos, k_pos)
 
     kern = _dispatch.module("attention")
-    meta = dict(q_pos=None, k_pos=None, q0=q0, k0=0, bias=0, slopes=slopes, t5_lo=0, t5_hi=0,
-                causal=causal, scale=scale)
+    q, k, v = (t if _unit_stride(t) else t.contiguous() for t in (q, k, v))
+    pos = (None, None)
     if q_pos is not None or k_pos is not None:  # positions given: the kernels load them
-        if q_pos is None:
-            q_pos = torch.arange(q0, q0 + lq, device=q.device)
-        if k_pos is None:
-            k_pos = torch.arange(lk, device=q.device)
-        meta["q_pos"] = (q_pos if q_pos.dim() == 2 else q_pos[None]).int().contiguous()
-        meta["k_pos"] = (k_pos if k_pos.dim() == 2 else k_pos[None]).int().contiguous()
+        qp = torch.arange(q0, q0 + lq, device=q.device) if q_pos is None else q_pos
+        kp = torch.arange(lk, device=q.device) if k_pos is None else k_pos
+        pos = tuple((p if p.dim() == 2 else p[None]).int().contiguous() for p in (qp, kp))
     vec = q.new_zeros(1, dtype=torch.float32)
-    if bias == "alibi":
-        meta["bias"] = 1
-    elif bias == "t5":
+    lo = hi = 0
+    if spec is not None:
         table, num_buckets, max_distance, bidirectional, _ = spec
         # Every offset k_pos - q_pos that occurs, clamped to [-max_distance, max_distance]:
         # beyond that distance the bucket is the last one of its direction and never changes.
@@ -419,5 +413,6 @@ def flash_attention_with_bias(
             lambda: t5_relative_position_bucket(torch.arange(lo, hi + 1, device=q.device), bidirectional,
                                                 num_buckets, max_distance))
         vec = table[buckets].t().float().contiguous()  # (heads, offsets): differentiable
-        meta.update(bias=2, t5_lo=lo, t5_hi=hi)
+    meta = AttentionMeta(q_pos=pos[0], k_pos=pos[1], q0=q0, k0=0, bias=BIASES.index(bias), slopes=slopes,
+                         t5_lo=lo, t5_hi=hi, causal=causal, scale=scale)
     return kern.FlashBiasAttention.apply(q, k, v, vec, meta)

@@ -43,6 +43,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .api import AttentionMeta
+
 __all__ = ["INTERPRETED", "attn_fwd_kernel", "attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel", "FlashBiasAttention"]
 
 BIAS_NONE, BIAS_ALIBI, BIAS_T5 = 0, 1, 2
@@ -360,9 +362,9 @@ def q_start(q_pos: Tensor, k_pos: Tensor, block_m: int, block_n: int) -> Tensor:
     return (first // block_m * block_m).int()
 
 
-def _slopes(meta: dict, heads: int, device: torch.device) -> Tensor:
+def _slopes(meta: AttentionMeta, heads: int, device: torch.device) -> Tensor:
     """ALiBi's slopes, or zeros when there is no ALiBi (the kernels always read one per head)."""
-    return meta["slopes"] if meta["slopes"] is not None else torch.zeros(heads, device=device)
+    return meta.slopes if meta.slopes is not None else torch.zeros(heads, device=device)
 
 
 def _common(q: Tensor, k: Tensor, dtype: torch.dtype) -> dict:
@@ -380,16 +382,14 @@ class FlashBiasAttention(torch.autograd.Function):
     """Flash attention with an in-kernel ALiBi or T5 bias; gradients for q, k, v and the T5
     per-offset vector (from which autograd scatters the table gradient onto the buckets).
 
-    ``meta`` holds the non-tensor arguments: ``bias`` (0 none, 1 ALiBi, 2 T5), ``slopes``
-    (float32 ``(heads,)`` or None), ``t5_lo``/``t5_hi`` (the clamped offset range of the
-    per-offset vector), ``causal``, ``scale``, and the positions: either ``q_pos``/``k_pos``
-    (int32 ``(1 or batch, len)``), or both None for the default contiguous positions
-    ``q0 + i`` and ``k0 + j``, which the kernels compute instead of loading.
+    ``meta`` (:class:`companion.kernels.api.AttentionMeta`) holds the non-tensor arguments:
+    the bias kind, the ALiBi slopes, the T5 offset range, ``causal``, ``scale`` and the
+    positions.
     """
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, t5_vec: Tensor,  # type: ignore[override]
-                meta: dict) -> Tensor:
+                meta: AttentionMeta) -> Tensor:
         """Run the forward kernel; save the inputs, the output and the row log-sum-exp."""
         out, lse = _forward(q, k, v, t5_vec, meta)
         ctx.save_for_backward(q, k, v, t5_vec, out, lse)
@@ -410,20 +410,20 @@ def _batch_stride(t: Tensor) -> int:
     return t.stride(0) if t.shape[0] > 1 else 0
 
 
-def _position_args(meta: dict, device: torch.device, causal_tables: tuple[int, int, int] | None):
+def _position_args(meta: AttentionMeta, device: torch.device, causal_tables: tuple[int, int, int] | None):
     """``(q_pos, k_pos, kv_end table, q_start table)`` for a launch. With the default
     contiguous positions, the kernels compute everything and get a dummy in each slot."""
-    if meta["q_pos"] is None:
+    if meta.q_pos is None:
         dummy = torch.zeros(1, 1, dtype=torch.int32, device=device)
         return dummy, dummy, dummy, dummy
-    qp, kp = meta["q_pos"], meta["k_pos"]
-    if not (meta["causal"] and causal_tables):
+    qp, kp = meta.q_pos, meta.k_pos
+    if not (meta.causal and causal_tables):
         return qp, kp, qp, qp
     block_m_end, block_m_start, block_n_start = causal_tables
     return qp, kp, kv_end(qp, kp, block_m_end), q_start(qp, kp, block_m_start, block_n_start)
 
 
-def _forward(q: Tensor, k: Tensor, v: Tensor, t5_vec: Tensor, meta: dict) -> tuple[Tensor, Tensor]:
+def _forward(q: Tensor, k: Tensor, v: Tensor, t5_vec: Tensor, meta: AttentionMeta) -> tuple[Tensor, Tensor]:
     b, h, lq, d = q.shape
     hk, lk = k.shape[1], k.shape[2]
     opts = _common(q, k, q.dtype)
@@ -437,15 +437,15 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, t5_vec: Tensor, meta: dict) -> tup
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         _batch_stride(qp), _batch_stride(kp), _batch_stride(ends),
-        h, h // hk, lq, lk, meta["scale"] * LOG2E, meta["t5_lo"], meta["t5_hi"], t5_vec.shape[-1],
-        meta["q0"], meta["k0"],
-        BIAS=meta["bias"], CAUSAL=meta["causal"], CONTIG=meta["q_pos"] is None, **opts, **cfg,
+        h, h // hk, lq, lk, meta.scale * LOG2E, meta.t5_lo, meta.t5_hi, t5_vec.shape[-1],
+        meta.q0, meta.k0,
+        BIAS=meta.bias, CAUSAL=meta.causal, CONTIG=meta.q_pos is None, **opts, **cfg,
     )
     return out, lse
 
 
 def _backward(q: Tensor, k: Tensor, v: Tensor, t5_vec: Tensor, out: Tensor, lse: Tensor,
-              dout: Tensor, meta: dict, want_vec: bool) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+              dout: Tensor, meta: AttentionMeta, want_vec: bool) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     b, h, lq, d = q.shape
     hk, lk = k.shape[1], k.shape[2]
     group = h // hk
@@ -465,9 +465,9 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, t5_vec: Tensor, out: Tensor, lse:
     dvec = torch.zeros_like(t5_vec, dtype=torch.float32)
     common = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
               v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2))
-    tail = (h, group, lq, lk, meta["scale"], meta["scale"] * LOG2E, meta["t5_lo"], meta["t5_hi"],
-            t5_vec.shape[-1], meta["q0"], meta["k0"])
-    flags = dict(BIAS=meta["bias"], CAUSAL=meta["causal"], CONTIG=meta["q_pos"] is None, **opts, **cfg)
+    tail = (h, group, lq, lk, meta.scale, meta.scale * LOG2E, meta.t5_lo, meta.t5_hi,
+            t5_vec.shape[-1], meta.q0, meta.k0)
+    flags = dict(BIAS=meta.bias, CAUSAL=meta.causal, CONTIG=meta.q_pos is None, **opts, **cfg)
     attn_bwd_dkdv_kernel[(triton.cdiv(lk, bn), b * h)](
         q, k, v, dout, lse, delta, dk, dv, qp, kp, starts, slopes, t5_vec, dvec,
         *common, dk.stride(0), dk.stride(1), dk.stride(2),

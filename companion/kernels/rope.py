@@ -27,6 +27,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .api import KernelRows
+
 __all__ = ["INTERPRETED", "rope_kernel", "launch_rope", "FusedRope"]
 
 
@@ -130,14 +132,13 @@ def _launch_config(batch: int, seq: int, heads: int, half_pad: int, width: int) 
 
 def launch_rope(
     q: Tensor, k: Tensor, q_out: Tensor, k_out: Tensor, cos: Tensor, sin: Tensor,
-    rows: dict, *, layout: str, rotary_dim: int, inverse: bool = False,
+    rows: KernelRows, *, layout: str, rotary_dim: int, inverse: bool = False,
 ) -> None:
     """Run ``rope_kernel`` once for ``q`` and ``k``.
 
-    ``cos``/``sin`` are 2-D contiguous tables ``(rows, rotary_dim // 2)``; ``rows`` is the
-    table-row recipe built by ``companion.kernels.api._kernel_rows`` (keys ``pos``,
-    ``pos_stride_b``, ``pos_stride_s``, ``row_stride_b``, ``row_coef_s``, ``row_base``).
-    The last dimension of every 4-D tensor has stride 1 (checked by the caller).
+    ``cos``/``sin`` are 2-D contiguous tables ``(rows, rotary_dim // 2)``; ``rows`` says which
+    row each position reads (:class:`companion.kernels.api.KernelRows`). The last dimension
+    of every 4-D tensor has stride 1 (the caller sends other tensors to the reference).
     """
     batch, hq, seq, d = q.shape
     hk = k.shape[1]
@@ -147,15 +148,15 @@ def launch_rope(
     pass_pad = triton.next_power_of_2(max(d - rotary_dim, 1))
     block_s, hpp, warps = _launch_config(batch, seq, max(hq, hk), half_pad, d)
     grid = (triton.cdiv(seq, block_s), batch, triton.cdiv(max(hq, hk), hpp))
-    pos = rows["pos"]
+    pos = rows.pos
     rope_kernel[grid](
         q, k, q_out, k_out, cos, sin, pos if pos is not None else cos,
         seq, hq, hk,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         q_out.stride(0), q_out.stride(1), q_out.stride(2),
         k_out.stride(0), k_out.stride(1), k_out.stride(2),
-        cos.stride(0), rows["pos_stride_b"], rows["pos_stride_s"],
-        rows["row_stride_b"], rows["row_coef_s"], rows["row_base"],
+        cos.stride(0), rows.pos_stride_b, rows.pos_stride_s,
+        rows.row_stride_b, rows.row_coef_s, rows.row_base,
         HALF=half, HALF_PAD=half_pad, ROTARY=rotary_dim, HEAD_DIM=d, PASS_PAD=pass_pad,
         INTERLEAVED=layout == "interleaved", HAS_POS=pos is not None, COPY_PASS=copy_pass,
         INVERSE=inverse, BLOCK_S=block_s, HEADS_PER_PROG=hpp,
@@ -167,12 +168,12 @@ class FusedRope(torch.autograd.Function):
     """Out-of-place fused RoPE of ``(q, k)``; the backward pass is the inverse rotation."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, rows: dict,  # type: ignore[override]
+    def forward(ctx, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, rows: KernelRows,  # type: ignore[override]
                 layout: str, rotary_dim: int) -> tuple[Tensor, Tensor]:
         """Rotate ``q`` and ``k`` into fresh tensors; save the tables for the backward pass."""
         q_out, k_out = torch.empty_like(q), torch.empty_like(k)
         launch_rope(q, k, q_out, k_out, cos, sin, rows, layout=layout, rotary_dim=rotary_dim)
-        ctx.save_for_backward(cos, sin, *(t for t in (rows["pos"],) if t is not None))
+        ctx.save_for_backward(cos, sin, *(t for t in (rows.pos,) if t is not None))
         ctx.rows, ctx.layout, ctx.rotary_dim = rows, layout, rotary_dim
         return q_out, k_out
 
