@@ -250,9 +250,10 @@ def attention(
 
     A query's output depends only on the keys it may attend: a NaN or infinite key or value
     that a query cannot see (causal mask, ``attn_mask``, a ``-inf`` bias) never reaches it,
-    and one it can see makes its output NaN (or inf). :func:`torch.nn.functional.scaled_dot_product_attention`
-    gives no such guarantee (``0 * nan`` in its ``weights @ v`` spreads one NaN value to
-    every query); :func:`companion.alibi.bias_attention` gives the same one as this function.
+    and one it can see makes its output NaN (or inf). torch's
+    ``scaled_dot_product_attention`` gives no such guarantee (``0 * nan`` in its
+    ``weights @ v`` spreads one NaN value to every query);
+    :func:`companion.alibi.bias_attention` gives the same one as this function.
 
     Raises:
         TypeError, ValueError: bad shapes, dtypes, positions, masks, ``causal`` or
