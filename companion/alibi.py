@@ -35,13 +35,14 @@ from ._checks import (
     check_bool,
     check_choice,
     check_finite_number,
+    check_position_pair,
     check_positive_int,
     check_qkv,
     check_tensor,
     is_contiguous_positions,
     normalize_mask,
 )
-from .attention import PositionScheme, _add_nonfinite, _finite_values, _position_pair, _value_flags, causal_mask
+from .attention import PositionScheme, _add_nonfinite, _finite_values, _value_flags, causal_mask
 
 __all__ = ["ALIBI_FORMS", "ALiBi", "alibi_bias", "alibi_slopes", "bias_attention"]
 
@@ -114,7 +115,7 @@ def alibi_bias(
     if not slopes.is_floating_point():
         raise TypeError(f"slopes must be a floating-point tensor, got dtype {slopes.dtype}")
     check_choice(form, "form", ALIBI_FORMS)
-    q_pos, k_pos = _position_pair(q_pos, k_pos)
+    q_pos, k_pos = check_position_pair(q_pos, k_pos)
     rel = k_pos.unsqueeze(-2) - q_pos.unsqueeze(-1)  # j - i, int64, (q, k) or (b, q, k)
     m = slopes.to(device=rel.device, dtype=torch.float32)
     if rel.dim() == 2:
