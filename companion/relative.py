@@ -172,8 +172,9 @@ def shaw_score(q: Tensor, table_k: Tensor, index: Tensor) -> Tensor:
         ``(batch, heads, q_len, k_len)``, to be added to ``q k^T`` before the scale.
 
     Raises:
-        TypeError: a non-integer ``index``; ValueError: shapes; IndexError: an index
-        outside the table.
+        TypeError: a non-integer ``index``.
+        ValueError: shapes that do not fit.
+        IndexError: an index outside the table.
     """
     index = _shaw_inputs(q, "q", table_k, "table_k", index, values=False)
     per_offset = q @ table_k.to(q.dtype).transpose(-1, -2)  # (b, h, q_len, 2K+1)
