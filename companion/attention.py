@@ -256,8 +256,8 @@ def attention(
     :func:`companion.alibi.bias_attention` gives the same one as this function.
 
     Raises:
-        TypeError, ValueError: bad shapes, dtypes, positions, masks, ``causal`` or
-            ``scale``; a scheme built for another number of heads.
+        TypeError: a wrong type (float positions, ``causal="False"``, a string ``scale``).
+        ValueError: bad shapes, values or masks; a scheme built for another number of heads.
     """
     b, h, lq, d, hk, lk = check_qkv(q, k, v)
     scheme = NoPE() if scheme is None else scheme
