@@ -26,6 +26,7 @@ from .._checks import (
     check_tensor,
 )
 from ..alibi import alibi_bias, bias_attention
+from ..attention import _add_nonfinite, _finite_values, _value_flags  # the torch paths' NaN rule
 from ..alibi import alibi_slopes as alibi_slopes_fn
 from ..relative import T5RelativeBias, t5_relative_position_bucket
 from ..relative import _check_bucket_args as check_t5_bucket_args  # relative.py's own validator
@@ -413,6 +414,31 @@ def flash_attention_with_bias(
             lambda: t5_relative_position_bucket(torch.arange(lo, hi + 1, device=q.device), bidirectional,
                                                 num_buckets, max_distance))
         vec = table[buckets].t().float().contiguous()  # (heads, offsets): differentiable
+    flags = _value_flags(v)
+    if flags is not None:  # the rule of the torch paths: a query sees only its visible keys' NaN/inf
+        v = _finite_values(v)
     meta = AttentionMeta(q_pos=pos[0], k_pos=pos[1], q0=q0, k0=0, bias=BIASES.index(bias), slopes=slopes,
                          t5_lo=lo, t5_hi=hi, causal=causal, scale=scale)
-    return kern.FlashBiasAttention.apply(q, k, v, vec, meta)
+    out = kern.FlashBiasAttention.apply(q, k, v, vec, meta)
+    if flags is not None:
+        out = _add_nonfinite(out, _visible_counts(flags, h, lq, causal, q_pos, k_pos, q0))
+    return out
+
+
+def _visible_counts(flags: Tensor, heads: int, lq: int, causal: bool, q_pos: Tensor | None,
+                    k_pos: Tensor | None, q0: int) -> Tensor:
+    """``(batch, heads, q_len, F)``: per query, the sum of ``flags`` ``(batch, kv_heads, k_len,
+    F)`` over the keys it may attend, without an ``L x L`` mask: causal visibility is
+    ``k_pos <= q_pos``, so the keys sorted by position give it as a prefix sum."""
+    b, hk, lk, width = flags.shape
+    f = flags.float().repeat_interleave(heads // hk, dim=1)
+    if not causal:
+        return f.sum(2, keepdim=True).expand(b, heads, lq, width)
+    qp = torch.arange(q0, q0 + lq, device=f.device) if q_pos is None else q_pos
+    kp = torch.arange(lk, device=f.device) if k_pos is None else k_pos
+    qp, kp = qp.expand(b, lq).contiguous(), kp.expand(b, lk)
+    k_sorted, order = kp.sort(-1)
+    f = f.gather(2, order[:, None, :, None].expand(b, heads, lk, width))
+    prefix = torch.cat((f.new_zeros(b, heads, 1, width), f.cumsum(2)), dim=2)
+    seen = torch.searchsorted(k_sorted.contiguous(), qp, right=True)  # keys with k_pos <= q_pos
+    return prefix.gather(2, seen[:, None, :, None].expand(b, heads, lq, width))
