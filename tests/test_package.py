@@ -50,3 +50,16 @@ def test_package_page_examples_run():
     namespace: dict = {}
     for block in blocks:
         exec(compile(block, "book/package.md", "exec"), namespace)  # noqa: S102
+
+
+def test_conventions_page_examples_run(capsys):
+    """The code blocks of book/conventions.md run as written, and what they print is the
+    ``text`` block that follows them on the page."""
+    text = (ROOT / "book" / "conventions.md").read_text()
+    pairs = re.findall(r"```python\n(.*?)```(?:\s*(?:prints\s*)?```text\n(.*?)```)?", text, re.S)
+    assert len(pairs) >= 3 and sum(bool(out) for _, out in pairs) >= 2
+    namespace: dict = {}
+    for block, printed in pairs:
+        exec(compile(block, "book/conventions.md", "exec"), namespace)  # noqa: S102
+        out = capsys.readouterr().out
+        assert out == printed, block
