@@ -1,7 +1,9 @@
 # The two commands a newcomer needs:
 #   make book   builds the static site into _build/html from the stored notebook outputs
-#   make test   runs everything CI runs: unit and property tests, strict nbval over every
-#               notebook, the book build with warnings as errors, and a headless-browser check
+#   make test   runs everything CI runs: unit and property tests and strict nbval over every
+#               notebook, first as they are and then under each numeric configuration of the
+#               portability matrix, the book build with warnings as errors, and a
+#               headless-browser check
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
@@ -14,12 +16,18 @@ MATHJAX := book/_mathjax/mathjax/tex-svg.js
 # pytest-xdist workers for the unit tests and the notebooks
 WORKERS ?= 2
 NB ?= chapters/*.ipynb
+# The portability matrix: numeric configurations of this same machine that change float32
+# results (other vector kernels in torch, another MKL code path, one thread instead of two).
+# The stored notebook outputs and the unit tests must pass in every one of them, so that they
+# pass on readers' CPUs too. Each entry is a list of VAR=value settings, separated by ';'.
+PORTABILITY_MATRIX ?= ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2;ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE OMP_NUM_THREADS=1
 
-.PHONY: help install book test test-unit test-notebooks book-strict test-browser chromium pretrained notebooks clean
+.PHONY: help install book test test-unit test-notebooks test-portable book-strict test-browser chromium pretrained notebooks clean
 
 help:
 	@echo "make book   build the site into _build/html (creates .venv and installs the pinned stack)"
 	@echo "make test   run the whole suite, as CI does"
+	@echo "make test-portable   unit tests and notebooks under each configuration of the portability matrix"
 	@echo "make notebooks [NB=chapters/01_*.ipynb]   re-execute notebooks in place, storing outputs"
 
 $(STAMP): pyproject.toml constraints.txt
@@ -42,7 +50,7 @@ book: $(STAMP) $(MATHJAX)
 
 test: $(STAMP) $(MATHJAX) chromium
 	@start=$$(date +%s); \
-	$(MAKE) --no-print-directory test-unit test-notebooks book-strict test-browser && \
+	$(MAKE) --no-print-directory test-unit test-notebooks test-portable book-strict test-browser && \
 	echo "make test: all passed in $$(( $$(date +%s) - start )) s"
 
 test-unit: $(STAMP)
@@ -55,6 +63,17 @@ pretrained: $(STAMP)
 test-notebooks: $(STAMP) pretrained
 	$(PY) -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
 		-q -n $(WORKERS) --dist loadscope chapters
+
+# Re-run the unit tests and every notebook under each configuration of PORTABILITY_MATRIX.
+test-portable: $(STAMP) pretrained
+	@IFS=';' read -ra configs <<< "$(PORTABILITY_MATRIX)"; \
+	for cfg in "$${configs[@]}"; do \
+		echo "== portability matrix: $$cfg"; \
+		start=$$(date +%s); \
+		env $$cfg $(MAKE) --no-print-directory test-unit test-notebooks || \
+			{ echo "portability matrix: FAILED under $$cfg"; exit 1; }; \
+		echo "== portability matrix: passed under $$cfg in $$(( $$(date +%s) - start )) s"; \
+	done
 
 book-strict: $(STAMP) $(MATHJAX)
 	$(JB) build . --all --quiet -W -n --keep-going

@@ -1,0 +1,151 @@
+"""Portable outputs: the rules that let stored notebook outputs pass on any reader's CPU.
+
+DESIGN.md section 4, "Portable outputs": rounding-level quantities print the bound they meet,
+experiment results are glued at the precision the prose shows, and the few cells whose output
+is not compared say why on the marker's own line. These tests read the committed notebooks
+(no execution), so they are cheap; ``make test-portable`` is what re-runs them under other
+numeric configurations.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from fractions import Fraction
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from companion.utils import NUMERIC_ENV_VARS, numeric_config, provenance
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
+GLUE_MIME = "application/papermill.record/text/plain"
+
+
+def _load_marker_rule():
+    """The rule nbval applies (chapters/conftest.py), imported so that there is only one."""
+    spec = importlib.util.spec_from_file_location("chapters_conftest", ROOT / "chapters" / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.parse_marker
+
+
+parse_marker = _load_marker_rule()
+
+
+def code_cells(path: Path) -> list[tuple[int, str, list]]:
+    nb = nbformat.read(path, as_version=4)
+    return [(i, c.source, c.get("outputs", [])) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+
+
+def marker_lines(source: str) -> list[str]:
+    """Every comment line that mentions an nbval marker (well formed or not)."""
+    return [line.strip() for line in source.splitlines() if line.strip().startswith("#") and "NBVAL_" in line]
+
+
+def test_there_are_notebooks():
+    assert len(NOTEBOOKS) >= 7
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_nbval_marker_gives_a_reason(path):
+    """`# NBVAL_IGNORE_OUTPUT` alone is a quiet opt-out; it must say why, on the same line."""
+    bare = []
+    for index, source, _ in code_cells(path):
+        for line in marker_lines(source):
+            try:
+                if parse_marker(line) is None:
+                    bare.append((index, line))  # misspelt: nbval would ignore it silently
+            except ValueError:
+                bare.append((index, line))
+    assert not bare, f"{path.name}: NBVAL markers without a reason (cell, line): {bare}"
+
+
+@pytest.mark.parametrize(
+    "line, ok",
+    [
+        ("# NBVAL_IGNORE_OUTPUT: timing", False),  # one word is not a reason
+        ("# NBVAL_IGNORE_OUTPUT: timing on a shared machine", True),
+        ("# NBVAL_IGNORE_OUTPUT", False),
+        ("# NBVAL_IGNORE_OUTPUT:", False),
+        ("# NBVAL_IGNORE_OUTPUTS: timing of the kernel", False),
+    ],
+)
+def test_the_reason_rule_itself(line, ok):
+    try:
+        parsed = parse_marker(line)
+    except ValueError as exc:
+        assert not ok and "must say why" in str(exc)
+    else:
+        assert (parsed is not None) is ok
+
+
+def _short_binary(value: float) -> bool:
+    """An exact result with a short binary expansion (ALiBi's slope 2^-8 = 0.00390625, a byte
+    count over 2^20): every CPU computes it exactly, so its long decimal repr is safe."""
+    numerator = Fraction(value).numerator
+    while numerator and numerator % 2 == 0:
+        numerator //= 2
+    return abs(numerator).bit_length() <= 20
+
+
+def _glued_floats(path: Path):
+    for index, source, outputs in code_cells(path):
+        if marker_lines(source):
+            continue  # not compared by nbval
+        for out in outputs:
+            name = out.get("metadata", {}).get("scrapbook", {}).get("name")
+            text = out.get("data", {}).get(GLUE_MIME)
+            if name and text and re.fullmatch(r"-?\d+\.\d+(e[-+]?\d+)?", text):
+                yield index, name, text
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_glued_floats_are_rounded(path):
+    """A glued float is stored as the repr of the value: a full-precision repr such as
+    0.0549310147 holds digits that another CPU does not reproduce. Glue what the prose shows."""
+    long = [
+        (i, name, text) for i, name, text in _glued_floats(path)
+        if len(re.sub(r"^-?0?\.?0*|e.*$|\.", "", text)) > 5 and not _short_binary(float(text))
+    ]
+    assert not long, f"{path.name}: glued floats with more than 5 significant digits: {long}"
+
+
+def test_sanitizer_does_not_hide_floats():
+    """The nbval sanitizer may normalise memory addresses, never digits of a number."""
+    cfg = (ROOT / "tests" / "nbval_sanitize.cfg").read_text()
+    regexes = [line.split(":", 1)[1].strip() for line in cfg.splitlines() if line.startswith("regex:")]
+    assert regexes, "expected at least the memory-address rule"
+    for regex in regexes:
+        assert re.sub(regex, "X", "value 0.0549310147 and 1.23e-05") == "value 0.0549310147 and 1.23e-05", regex
+
+
+def test_provenance_records_the_numeric_configuration():
+    prov = provenance("pytest")
+    cpu = prov["cpu_model"]
+    assert cpu is None or (isinstance(cpu, str) and cpu.strip())
+    if Path("/proc/cpuinfo").exists():
+        assert cpu, "on Linux the CPU model comes from /proc/cpuinfo"
+    assert prov["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert prov["blas"] in {"mkl", "open", "openblas", "accelerate", "blis", "generic", None}
+    assert prov["torch_threads"] == torch.get_num_threads() >= 1
+    assert set(prov["env"]) == {name for name in NUMERIC_ENV_VARS if name in os.environ}
+
+
+def test_portability_settings_reach_torch():
+    """Under the matrix's ATEN_CPU_CAPABILITY, torch really runs the requested kernels
+    (a typo in the Makefile would otherwise test the default configuration twice)."""
+    wanted = os.environ.get("ATEN_CPU_CAPABILITY")
+    if wanted is None:
+        pytest.skip("ATEN_CPU_CAPABILITY is not set: this is the default configuration")
+    got = numeric_config()["torch_cpu_capability"]
+    # torch never runs kernels wider than requested; it may run narrower ones on a CPU that
+    # lacks the requested instructions.
+    allowed = {"default": {"DEFAULT"}, "avx2": {"AVX2", "DEFAULT"}, "avx512": {"AVX512", "AVX2", "DEFAULT"}}
+    assert got in allowed.get(wanted.lower(), {got})
+    if wanted.lower() == "default":
+        assert numeric_config()["env"]["ATEN_CPU_CAPABILITY"] == wanted
