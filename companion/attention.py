@@ -308,11 +308,12 @@ def attention(
     ) if m is not None]
     visible = None
     if hidden:
-        blocked = hidden[0]
-        for m in hidden[1:]:
-            blocked = blocked | m
-        visible = ~blocked
+        blocked = hidden.pop()
+        while hidden:
+            blocked = blocked | hidden.pop()
         logits = logits.masked_fill(blocked, torch.finfo(work).min)
+        visible = ~blocked
+        del blocked  # keep one (q_len, k_len) mask alive through the softmax, not two
     weights = torch.softmax(logits, dim=-1)
     if visible is not None:
         # A row with no allowed key would otherwise be uniform over masked keys.
