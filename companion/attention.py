@@ -298,26 +298,33 @@ def attention(
 
     if additive is not None:
         logits = logits + additive.to(work)
-    # Everything a query may not see: the causal mask, a bool/int mask, and -inf entries of
-    # the bias or of an additive mask (NaN + -inf is NaN, so those must be masked as well).
+    # Masked keys get the lowest finite logit, not -inf, so that a row with no visible key
+    # has a finite softmax and finite gradients. Keys are masked by the causal mask, a
+    # bool/int mask, and -inf entries of the bias or of an additive mask (whatever the
+    # content logit: inf + -inf is NaN, so those entries are overwritten too).
+    lowest = torch.finfo(work).min
     hidden = [m for m in (
         None if allowed is None else ~allowed,
         None if not causal else ~_heads_view(causal_mask(q_pos, k_pos)),
-        None if pos_bias is None else pos_bias == float("-inf"),
-        None if additive is None else additive == float("-inf"),
     ) if m is not None]
-    visible = None
+    for term in (pos_bias, additive):
+        if term is not None:
+            neg_inf = torch.isneginf(term)
+            if bool(neg_inf.any()):  # otherwise no mask the size of the bias stays alive
+                hidden.append(neg_inf)
+            del neg_inf
+    maybe_masked = bool(hidden)
     if hidden:
         blocked = hidden.pop()
         while hidden:
             blocked = blocked | hidden.pop()
-        logits = logits.masked_fill(blocked, torch.finfo(work).min)
-        visible = ~blocked
-        del blocked  # keep one (q_len, k_len) mask alive through the softmax, not two
+        logits = logits.masked_fill(blocked, lowest)
+        del blocked  # no (q_len, k_len) mask stays alive through the softmax
     weights = torch.softmax(logits, dim=-1)
-    if visible is not None:
-        # A row with no allowed key would otherwise be uniform over masked keys.
-        weights = weights * visible.any(dim=-1, keepdim=True)
+    if maybe_masked and lk > 0:
+        # A row with no visible key would otherwise be uniform over masked keys: zero it.
+        weights = weights.masked_fill(logits.amax(dim=-1, keepdim=True) <= lowest, 0.0)
+    visible = None
     flags = _value_flags(vw)
     if flags is None:
         out = weights @ vw
@@ -326,6 +333,8 @@ def attention(
         # matmul. Multiply finite values only, then add the non-finite ones back for the
         # queries that see them.
         out = weights @ _finite_values(vw)
+        if maybe_masked:
+            visible = logits > lowest  # only on this rare path: a (q_len, k_len) mask per head
         seen = flags.sum(-2, keepdim=True) if visible is None else visible.to(work) @ flags
         out = _add_nonfinite(out, seen.expand(*out.shape[:-1], seen.shape[-1]))
     extra_v = scheme.score_values(weights, q_pos, k_pos)
