@@ -19,13 +19,29 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
 #: Integer dtypes accepted for positions and index tensors (``bool`` is not one of them).
 INT_DTYPES: tuple[torch.dtype, ...] = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 _INT_DTYPES = INT_DTYPES  # the old private name, kept for callers that import it
+
+#: Every size, count and position fits an int64; a larger Python int can never be valid.
+INT64_LIMIT = 2**63
+
+
+def check_has_data(x: torch.Tensor, name: str) -> torch.Tensor:
+    """Require a tensor that holds values: a ``meta`` tensor (shape only) raises ``ValueError``
+    naming ``name`` (torch would fail later with "Cannot copy out of meta tensor")."""
+    if x.is_meta:
+        raise ValueError(
+            f"{name} is a meta tensor (a shape without data); pass a tensor on a real device "
+            f"such as 'cpu' or 'cuda'"
+        )
+    return x
 
 
 def check_tensor(x: object, name: str, ndim: int | None = None) -> torch.Tensor:
@@ -38,11 +54,14 @@ def check_tensor(x: object, name: str, ndim: int | None = None) -> torch.Tensor:
 
 
 def check_positive_int(value: object, name: str, minimum: int = 1) -> int:
-    """Require an integer ``value >= minimum`` (bools are rejected)."""
+    """Require an integer ``minimum <= value < 2**63`` (bools are rejected; no size, count or
+    position of a tensor reaches 2**63, and torch fails on larger ints with an overflow)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if value >= INT64_LIMIT:
+        raise ValueError(f"{name} must be < 2**63 (an int64), got {value}")
     return value
 
 
@@ -80,7 +99,10 @@ def check_finite_number(
     wanted = f"a finite number {rule}".rstrip()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be {wanted}, got {type(value).__name__} {value!r}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float's range
+        raise ValueError(f"{name} must be {wanted}, got an int too large for a float: {value!r}") from None
     if not math.isfinite(number) or not ok(number):
         raise ValueError(f"{name} must be {wanted}, got {value!r}")
     return number
@@ -137,6 +159,9 @@ def check_int_tensor(
             raise TypeError(
                 f"{name} must be an integer tensor or a sequence of ints, got {type(x).__name__}"
             ) from exc
+        if x.numel() == 0 and x.is_floating_point():  # torch reads [] as float32
+            x = x.long()
+    check_has_data(x, name)
     if x.dtype not in INT_DTYPES:
         raise TypeError(
             f"{name} must hold integers (torch.int64 or torch.int32), got dtype {x.dtype}; "
@@ -236,7 +261,11 @@ def check_qkv(q: object, k: object, v: object) -> tuple[int, int, int, int, int,
     check_tensor(q, "q", 4)
     check_tensor(k, "k", 4)
     check_tensor(v, "v", 4)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_has_data(t, name)
     b, h, lq, d = q.shape
+    if d < 1:
+        raise ValueError(f"q head_dim must be >= 1 (the logits are scaled by 1 / sqrt(head_dim)), got shape {tuple(q.shape)}")
     bk, hk, lk, dk = k.shape
     if bk != b:
         raise ValueError(f"k batch size {bk} must equal q batch size {b}")
@@ -299,6 +328,7 @@ def normalize_mask(
         return None, None
     check_tensor(attn_mask, name)
     assert isinstance(attn_mask, torch.Tensor)
+    check_has_data(attn_mask, name)
     b, h, lq, lk = shape
     if attn_mask.dim() > 4:
         raise ValueError(
@@ -409,3 +439,11 @@ def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     marks = torch.zeros(max(a1, b1) - first, dtype=torch.bool, device=a.device)
     marks.as_strided(a.shape, a.stride(), a0 - first).fill_(True)
     return bool(marks.as_strided(b.shape, b.stride(), b0 - first).any())
+
+
+def check_path(path: object, name: str = "path") -> Path:
+    """Require a file-system path (a ``str`` or an ``os.PathLike``); return it as a ``Path``.
+    ``None``, numbers and other objects raise ``TypeError`` naming ``name``."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a path (a str or a pathlib.Path), got {type(path).__name__}")
+    return Path(path)

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from ._checks import (
     as_positions,
+    check_bool,
     check_finite_number,
     check_float_dtype,
     check_int_tensor,
@@ -226,6 +227,8 @@ class LearnedPositionalEmbedding(PositionScheme):
         self.n_positions = check_positive_int(n_positions, "n_positions")
         self.dim = check_positive_int(dim, "dim")
         init_std = check_finite_number(init_std, "init_std", minimum=0)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
         self.weight = nn.Parameter(torch.empty(n_positions, dim))
         nn.init.normal_(self.weight, mean=0.0, std=init_std, generator=generator)
 
@@ -234,6 +237,7 @@ class LearnedPositionalEmbedding(PositionScheme):
         """Wrap an existing ``(n_positions, dim)`` table, e.g. a BERT checkpoint's
         ``embeddings.position_embeddings.weight`` (see :mod:`companion.pretrained`)."""
         check_tensor(table, "table", 2)
+        check_bool(freeze, "freeze")
         if not table.dtype.is_floating_point:
             raise TypeError(f"table must be floating point, got dtype {table.dtype}")
         n, d = table.shape

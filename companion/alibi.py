@@ -34,6 +34,7 @@ from ._checks import (
     as_positions,
     check_bool,
     check_choice,
+    check_device,
     check_finite_number,
     check_position_pair,
     check_positive_int,
@@ -78,6 +79,7 @@ def alibi_slopes(
     """
     check_positive_int(n_heads, "n_heads")
     max_bias = check_finite_number(max_bias, "max_bias")
+    device = None if device is None else check_device(device)
     closest = 1 << (n_heads.bit_length() - 1)  # largest power of two <= n_heads
     exps = [max_bias * h / closest for h in range(1, closest + 1)]
     exps += [max_bias * h / (2 * closest) for h in range(1, 2 * (n_heads - closest), 2)]
@@ -569,6 +571,11 @@ def bias_attention(
     b, h, lq, d, hk, lk = check_qkv(q, k, v)
     bq, bkk = _block_sizes(block_size)
     causal = check_bool(causal, "causal")
+    if bias_params is not None and (isinstance(bias_params, Tensor) or not isinstance(bias_params, (list, tuple))):
+        raise TypeError(
+            f"bias_params must be a list or tuple of tensors, got {type(bias_params).__name__}"
+            + ("; wrap a single tensor as [tensor]" if isinstance(bias_params, Tensor) else "")
+        )
     params = list(bias_params or [])
     owner = bias_fn if isinstance(bias_fn, PositionScheme) else getattr(bias_fn, "__self__", None)
     if isinstance(owner, PositionScheme):

@@ -209,6 +209,13 @@ class TinyDecoder(nn.Module):
             raise IndexError(f"idx must lie in [0, {vocab}), got [{int(idx.min())}, {int(idx.max())}]")
         pos = as_positions(position_ids, "position_ids", n, b, idx.device)
         if isinstance(attn_mask, Tensor) and attn_mask.dim() == 2:
+            if attn_mask.is_floating_point():
+                raise TypeError(
+                    f"a 2-D attn_mask is a (batch, seq) padding mask, HuggingFace's attention_mask "
+                    f"(1 = token, 0 = padding), so it must be bool or integer, got dtype "
+                    f"{attn_mask.dtype}: a float one would be added to the logits and leave the "
+                    f"padding visible; pass attention_mask.bool(), or a 4-D float additive mask"
+                )
             if attn_mask.shape != (b, n):
                 raise ValueError(
                     f"a 2-D attn_mask is a (batch, seq) padding mask, HuggingFace's attention_mask: "
@@ -235,4 +242,4 @@ class TinyDecoder(nn.Module):
         if bool(bad.any()):
             raise IndexError(f"targets must lie in [0, {vocab}) or be -100 (ignored), got {int(targets[bad][0])}")
         logits = self(idx, position_ids)
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten().long(), ignore_index=-100)

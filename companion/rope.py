@@ -36,6 +36,7 @@ bit in float32) is spelled out in its docstring.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -49,6 +50,7 @@ from ._checks import (
     check_device,
     check_finite_number,
     check_float_dtype,
+    check_has_data,
     check_int_tensor,
     check_position_range,
     check_positive_int,
@@ -125,9 +127,9 @@ class RopeArgs(NamedTuple):
     inplace: bool
 
 
-def check_layout(layout: object) -> str:
-    """Require one of :data:`LAYOUTS` (``ValueError`` otherwise)."""
-    return check_choice(layout, "layout", LAYOUTS)  # type: ignore[return-value]
+def check_layout(layout: object, name: str = "layout") -> str:
+    """Require one of :data:`LAYOUTS` (``ValueError`` naming ``name`` otherwise)."""
+    return check_choice(layout, name, LAYOUTS)  # type: ignore[return-value]
 
 
 def check_rotary_dim(rotary_dim: object, head_dim: int) -> int:
@@ -185,9 +187,10 @@ def _last_dim(x: object) -> int:
 
 
 def _table_positions(positions: object) -> Tensor:
-    """Positions for a table: an int ``n`` means ``arange(n)``, else integers of any shape."""
-    if isinstance(positions, int) and not isinstance(positions, bool):
-        return torch.arange(check_positive_int(positions, "positions", minimum=0))
+    """Positions for a table: an int ``n`` (a numpy int too) means ``arange(n)``, else
+    integers of any shape (a 0-d tensor is one position)."""
+    if isinstance(positions, numbers.Integral) and not isinstance(positions, (bool, torch.Tensor)):
+        return torch.arange(check_positive_int(int(positions), "positions", minimum=0))
     return check_int_tensor(positions, "positions")
 
 
@@ -253,6 +256,8 @@ def rope_table_rows(
             check_position_range(pos, "offset + arange(seq)", 0, table_len)
             return TableRows(positions=pos)
         offset = int(off)
+    if isinstance(offset, numbers.Integral) and not isinstance(offset, bool):
+        offset = int(offset)  # a numpy int
     if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int)):
         raise TypeError(
             f"offset must be an int or an integer tensor of shape ({batch},), got {type(offset).__name__}"
@@ -764,6 +769,7 @@ def positions_from_mask(attention_mask: Tensor, pad_position: int = 1) -> Tensor
         int64 positions ``(batch, seq)``.
     """
     check_tensor(attention_mask, "attention_mask", 2)
+    check_has_data(attention_mask, "attention_mask")
     if attention_mask.dtype.is_floating_point or attention_mask.dtype.is_complex:
         raise TypeError(f"attention_mask must be bool or integer, got dtype {attention_mask.dtype}")
     m = attention_mask.long()
@@ -783,7 +789,7 @@ def layout_permutation(head_dim: int, src: str, dst: str, rotary_dim: int | None
     rotating in the other (the permutation conjugates one rotation into the other).
     """
     check_positive_int(head_dim, "head_dim", minimum=2)
-    src, dst = check_layout(src), check_layout(dst)
+    src, dst = check_layout(src, "src"), check_layout(dst, "dst")
     r = check_rotary_dim(rotary_dim, head_dim)
     idx = torch.arange(head_dim)
     if src == dst:

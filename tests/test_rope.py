@@ -504,7 +504,7 @@ def test_errors():
             apply_rope(q, k, cos, sin, layout=bad)
     with pytest.raises(ValueError, match="layout must be one of"):
         RotaryEmbedding(8, layout="gptj")
-    with pytest.raises(ValueError, match="layout must be one of"):
+    with pytest.raises(ValueError, match="src must be one of \\('half', 'interleaved'\\)"):
         convert_qk_weight(rand(16, 4), 2, "meta", "half")
 
 

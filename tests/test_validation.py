@@ -522,3 +522,85 @@ def test_every_public_callable_is_covered():
     }
     assert set(companion.__all__) == covered | elsewhere
     assert NoPE().check_heads(7) is None  # a scheme without heads fits any count
+
+
+# ----------------------------------------------------------------------------- found by tools/audit_inputs.py
+#
+# The independent audit's cases that were silent or cryptic before they were fixed, one table
+# per class. Each case asserts the exception and a message naming the argument.
+
+HUGE = 2**70
+META_MASK = torch.empty(6, 6, dtype=torch.bool, device="meta")
+
+AUDIT_ERRORS = [
+    # numbers: an int beyond float's range, a size beyond int64 (alibi_slopes used to hang)
+    pytest.param(lambda: attention(*qkv(), scale=10**400), ValueError, r"scale must be a finite number > 0, got an int too large for a float", id="scale-10**400"),
+    pytest.param(lambda: bias_attention(*qkv(), scale=10**400), ValueError, r"scale must be a finite number > 0", id="bias_attention-scale-10**400"),
+    pytest.param(lambda: alibi_slopes(4, max_bias=10**400), ValueError, r"max_bias must be a finite number > 0", id="max_bias-10**400"),
+    pytest.param(lambda: sinusoidal_table(4, 8, base=10**400), ValueError, r"base must be a finite number > 1", id="base-10**400"),
+    pytest.param(lambda: ShawRelative(4, init_std=10**400), ValueError, r"init_std must be a finite number >= 0", id="init_std-10**400"),
+    pytest.param(lambda: alibi_slopes(HUGE), ValueError, r"n_heads must be < 2\*\*63 \(an int64\), got 1180591620717411303424", id="alibi_slopes-n_heads-huge"),
+    pytest.param(lambda: ALiBi(HUGE), ValueError, r"n_heads must be < 2\*\*63", id="ALiBi-n_heads-huge"),
+    pytest.param(lambda: ShawRelative(HUGE), ValueError, r"head_dim must be < 2\*\*63", id="Shaw-head_dim-huge"),
+    pytest.param(lambda: ShawRelative(4, HUGE), ValueError, r"max_distance must be < 2\*\*63", id="Shaw-max_distance-huge"),
+    pytest.param(lambda: LearnedPositionalEmbedding(HUGE, 4), ValueError, r"n_positions must be < 2\*\*63", id="learned-n_positions-huge"),
+    pytest.param(lambda: TinyDecoder(HUGE, 8, 2, 1), ValueError, r"vocab_size must be < 2\*\*63", id="TinyDecoder-vocab-huge"),
+    pytest.param(lambda: t5_relative_position_bucket(P3, True, 32, HUGE), ValueError, r"max_distance must be < 2\*\*63", id="t5-max_distance-huge"),
+    pytest.param(lambda: sinusoidal_relative_table(P3, HUGE), ValueError, r"dim must be < 2\*\*63", id="rel-table-dim-huge"),
+    # meta tensors (a shape without data) never reach a copy or an .item()
+    pytest.param(lambda: attention(*qkv(), attn_mask=META_MASK), ValueError, r"attn_mask is a meta tensor \(a shape without data\)", id="attention-meta-mask"),
+    pytest.param(lambda: bias_attention(*qkv(), attn_mask=META_MASK.long()), ValueError, r"attn_mask is a meta tensor", id="bias_attention-meta-mask"),
+    pytest.param(lambda: attention(*(t.to("meta") for t in qkv())), ValueError, r"q is a meta tensor", id="attention-meta-qkv"),
+    pytest.param(lambda: bias_attention(*(t.to("meta") for t in qkv())), ValueError, r"q is a meta tensor", id="bias_attention-meta-qkv"),
+    pytest.param(lambda: LearnedPositionalEmbedding(8, 4).lookup(torch.zeros(3, dtype=torch.long, device="meta")), ValueError, r"pos is a meta tensor", id="lookup-meta"),
+    pytest.param(lambda: causal_mask(P3, torch.zeros(3, dtype=torch.long, device="meta")), ValueError, r"k_pos is a meta tensor", id="causal_mask-meta"),
+    # shapes: head_dim 0 used to divide by zero
+    pytest.param(lambda: attention(*qkv(d=0)), ValueError, r"q head_dim must be >= 1", id="attention-head_dim-0"),
+    pytest.param(lambda: bias_attention(*qkv(d=0)), ValueError, r"q head_dim must be >= 1", id="bias_attention-head_dim-0"),
+    # flags and arguments that were never checked
+    pytest.param(lambda: LearnedPositionalEmbedding.from_pretrained(torch.zeros(4, 2), freeze="False"), TypeError, r"freeze must be a bool \(True or False\), got str 'False'", id="from_pretrained-freeze-str"),
+    pytest.param(lambda: LearnedPositionalEmbedding.from_pretrained(torch.zeros(4, 2), freeze=0), TypeError, r"freeze must be a bool", id="from_pretrained-freeze-0"),
+    pytest.param(lambda: LearnedPositionalEmbedding(4, 2, generator="abc"), TypeError, r"generator must be a torch.Generator or None, got str", id="learned-generator-str"),
+    pytest.param(lambda: alibi_slopes(4, device="gpu"), ValueError, r"device must be a device such as 'cpu', 'cuda' or 'cuda:0', got 'gpu'", id="alibi_slopes-device-gpu"),
+    pytest.param(lambda: alibi_slopes(4, device=3), TypeError, r"device must be a torch.device, a device string", id="alibi_slopes-device-int"),
+    pytest.param(lambda: bias_attention(*qkv(), lambda a, b: None, bias_params=torch.zeros(2, 2, requires_grad=True)), TypeError, r"bias_params must be a list or tuple of tensors, got Tensor; wrap a single tensor as \[tensor\]", id="bias_params-tensor"),
+    # masks: a float (batch, seq) mask in TinyDecoder would be added to the logits as 0/1
+    pytest.param(lambda: TinyDecoder(20, 16, 4, 1)(torch.zeros(2, 6, dtype=torch.long), attn_mask=torch.ones(2, 6)), TypeError, r"a 2-D attn_mask is a \(batch, seq\) padding mask.*must be bool or integer, got dtype torch.float32", id="TinyDecoder-float-2d-mask"),
+]
+
+
+@pytest.mark.parametrize("fn, exc, pattern", AUDIT_ERRORS)
+def test_audit_errors(fn, exc, pattern):
+    raises(exc, pattern, fn)
+
+
+AUDIT_VALID = [
+    # an empty list is a list of ints (torch reads [] as float32)
+    pytest.param(lambda: causal_mask([], [0, 1]), torch.zeros(0, 2, dtype=torch.bool), id="causal_mask-empty-list"),
+    pytest.param(lambda: sinusoidal_encoding([], 4), torch.zeros(0, 4), id="sinusoidal_encoding-empty-list"),
+    pytest.param(lambda: alibi_bias(alibi_slopes(2), [], [0]), torch.zeros(2, 0, 1), id="alibi_bias-empty-list"),
+    # bias_params as a tuple, huge but valid sizes and scales
+    pytest.param(lambda: bias_attention(*qkv(b=1, h=2, lq=3, lk=3), None, bias_params=()), attention(*qkv(b=1, h=2, lq=3, lk=3)), id="bias_params-empty-tuple"),
+]
+
+
+@pytest.mark.parametrize("fn, want", AUDIT_VALID)
+def test_audit_valid_edge_inputs(fn, want):
+    got = fn()
+    if isinstance(want, torch.Tensor):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    else:
+        assert got == want
+
+
+def test_loss_takes_int32_targets():
+    torch.manual_seed(0)
+    model = TinyDecoder(10, 8, 2, 1)
+    idx = torch.zeros(1, 3, dtype=torch.long)
+    targets = torch.tensor([[1, 2, -100]])
+    torch.testing.assert_close(model.loss(idx, targets.int()), model.loss(idx, targets), rtol=0, atol=0)
+
+
+def test_from_pretrained_freeze_flag():
+    assert not LearnedPositionalEmbedding.from_pretrained(torch.zeros(4, 2), freeze=True).weight.requires_grad
+    assert LearnedPositionalEmbedding.from_pretrained(torch.zeros(4, 2), freeze=False).weight.requires_grad

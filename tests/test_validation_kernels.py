@@ -15,6 +15,7 @@ Shapes stay small: the interpreter's cost grows with the number of programs.
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -24,6 +25,8 @@ from companion.rope import (
     RotaryEmbedding,
     apply_rope,
     convert_layout,
+    convert_qk_weight,
+    layout_permutation,
     positions_from_mask,
     rope_cos_sin,
     rope_frequencies,
@@ -563,3 +566,67 @@ def test_rope_mixed_dtypes_and_empty(backend):
     assert ko.dtype == torch.float16 and torch.equal(qo, want[0]) and torch.equal(ko, want[1])
     e = rand(1, 4, 0, 16)
     assert all(t.shape == e.shape for t in ROPE[backend](e, e, COS, SIN))
+
+
+# ----------------------------------------------------------------------------- found by tools/audit_inputs.py
+
+HUGE = 2**70
+
+
+@pytest.mark.parametrize("call, exc, pattern", [
+    (lambda: rope_cos_sin(HUGE, rope_frequencies(8)), ValueError, r"positions must be < 2\*\*63"),
+    (lambda: RotaryEmbedding(8).cos_sin(HUGE), ValueError, r"positions must be < 2\*\*63"),
+    (lambda: RotaryEmbedding(HUGE), ValueError, r"head_dim must be < 2\*\*63"),
+    (lambda: rope_frequencies(HUGE), ValueError, r"dim must be < 2\*\*63"),
+    (lambda: rope_frequencies(8, base=10**400), ValueError, r"base must be a finite number > 0, got an int too large"),
+    (lambda: rope_cos_sin(4, rope_frequencies(8), attention_scaling=10**400), ValueError, r"attention_scaling must be a finite number > 0"),
+    (lambda: positions_from_mask(torch.ones(1, 3, dtype=torch.long), HUGE), ValueError, r"pad_position must be < 2\*\*63"),
+    (lambda: positions_from_mask(torch.ones(1, 3, dtype=torch.long, device="meta")), ValueError, r"attention_mask is a meta tensor"),
+    (lambda: layout_permutation(8, "Half", "half"), ValueError, r"^src must be one of \('half', 'interleaved'\), got 'Half'"),
+    (lambda: layout_permutation(8, "half", "interleave"), ValueError, r"^dst must be one of \('half', 'interleaved'\), got 'interleave'"),
+    (lambda: convert_layout(Q, "half", None), ValueError, r"^dst must be one of"),
+    (lambda: convert_qk_weight(torch.zeros(32, 4), 2, "", "half"), ValueError, r"^src must be one of"),
+])
+def test_audit_rope_errors(call, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        call()
+
+
+def test_numpy_int_means_a_count_or_an_offset():
+    """An int n means arange(n) for a table; a numpy int is an int (it gave one row before)."""
+    inv = rope_frequencies(8)
+    for n in (np.int64(5), np.int32(5)):
+        torch.testing.assert_close(rope_cos_sin(n, inv), rope_cos_sin(5, inv), rtol=0, atol=0)
+        torch.testing.assert_close(RotaryEmbedding(8).cos_sin(n), RotaryEmbedding(8).cos_sin(5), rtol=0, atol=0)
+    assert rope_cos_sin(torch.tensor(3), inv)[0].shape == (4,)  # a 0-d tensor is one position
+
+
+@pytest.mark.parametrize("backend", ROPE)
+def test_rope_numpy_int_offset(backend):
+    want = apply_rope(Q, K, COS, SIN, offset=3)
+    got = ROPE[backend](Q, K, COS, SIN, offset=np.int64(3))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("backend", ATTENTION)
+@pytest.mark.parametrize("make, pattern", [
+    (lambda: _qkv(d=0), r"q head_dim must be >= 1"),
+    (lambda: tuple(t.to("meta") for t in _qkv()), r"q is a meta tensor"),
+    (lambda: (_qkv()[0], _qkv()[1].to("meta"), _qkv()[2]), r"k is a meta tensor|one device"),
+])
+def test_attention_head_dim_zero_and_meta(backend, make, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        ATTENTION[backend](*make(), causal=True)
+
+
+@needs_interpreter
+def test_alibi_slopes_that_require_grad_are_refused():
+    """The kernel gives custom slopes no gradient: refuse rather than drop it silently."""
+    q, k, v = _qkv(h=2)
+    slopes = torch.tensor([0.5, 0.25], requires_grad=True)
+    with pytest.raises(ValueError, match=r"alibi_slopes requires grad, but flash_attention_with_bias gives the slopes no gradient"):
+        flash_attention_with_bias(q, k, v, bias="alibi", alibi_slopes=slopes)
+    with torch.no_grad():
+        out = flash_attention_with_bias(q, k, v, bias="alibi", alibi_slopes=slopes)
+    torch.testing.assert_close(out, flash_attention_with_bias(q, k, v, bias="alibi", alibi_slopes=slopes.detach()))

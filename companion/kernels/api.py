@@ -233,6 +233,12 @@ def _alibi_slopes(slopes: object, heads: int, device: torch.device) -> Tensor:
     assert isinstance(slopes, Tensor)
     if not slopes.dtype.is_floating_point:
         raise TypeError(f"alibi_slopes must be a floating-point tensor, got dtype {slopes.dtype}")
+    if slopes.requires_grad and torch.is_grad_enabled():
+        raise ValueError(
+            "alibi_slopes requires grad, but flash_attention_with_bias gives the slopes no "
+            "gradient; pass alibi_slopes.detach(), or learn them with companion.bias_attention "
+            "and bias_params=[slopes]"
+        )
     check_scheme_heads(slopes.shape[0], heads, "alibi_slopes")
     return slopes.detach().to(device=device, dtype=torch.float32).contiguous()
 
@@ -359,7 +365,8 @@ def flash_attention_with_bias(
             ``kv_heads`` (grouped-query attention).
         v: ``(batch, kv_heads, k_len, v_dim)``, same dtype.
         bias: ``None``, ``"alibi"`` or ``"t5"``.
-        alibi_slopes: ``(heads,)`` slopes for ``bias="alibi"``.
+        alibi_slopes: ``(heads,)`` slopes for ``bias="alibi"``. They get no gradient, so a
+            tensor that requires grad raises ``ValueError`` (pass ``.detach()``).
         t5: the T5 bias for ``bias="t5"``, see above, for ``heads`` heads.
         causal: mask the future by position (a bool).
         scale: logit scale, a finite number > 0; default ``1 / sqrt(head_dim)``.
