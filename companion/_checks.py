@@ -300,6 +300,14 @@ def check_scheme_heads(scheme_heads: int, q_heads: int, scheme_name: str) -> Non
         )
 
 
+def broadcasts_to(shape: Sequence[int], target: Sequence[int]) -> bool:
+    """``True`` if a tensor of ``shape`` broadcasts to exactly ``target`` (torch's rules)."""
+    try:
+        return torch.broadcast_shapes(tuple(shape), tuple(target)) == torch.Size(target)
+    except RuntimeError:
+        return False
+
+
 def normalize_mask(
     attn_mask: object,
     shape: tuple[int, int, int, int],
@@ -335,11 +343,7 @@ def normalize_mask(
             f"{name} must have at most 4 dimensions (batch, heads, q_len, k_len), got shape "
             f"{tuple(attn_mask.shape)}"
         )
-    try:
-        ok = torch.broadcast_shapes(attn_mask.shape, shape) == torch.Size(shape)
-    except RuntimeError:
-        ok = False
-    if not ok:
+    if not broadcasts_to(attn_mask.shape, shape):
         raise ValueError(
             f"{name} shape {tuple(attn_mask.shape)} must broadcast to "
             f"(batch, heads, q_len, k_len) = {tuple(shape)}"

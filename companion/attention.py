@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import (
+    broadcasts_to,
     as_positions,
     check_bool,
     check_finite_number,
@@ -187,11 +188,7 @@ def _check_hook_shape(term: object, want: tuple[int, ...], scheme: PositionSchem
     """A ``score``/``score_values`` term must be a tensor that broadcasts to ``want``."""
     if not isinstance(term, Tensor):
         raise TypeError(f"{type(scheme).__name__}.{hook} must return a tensor or None, got {type(term).__name__}")
-    try:
-        ok = torch.broadcast_shapes(term.shape, want) == torch.Size(want)
-    except RuntimeError:
-        ok = False
-    if not ok:
+    if not broadcasts_to(term.shape, want):
         raise ValueError(
             f"{type(scheme).__name__}.{hook} returned shape {tuple(term.shape)}, which does not "
             f"broadcast to {names} = {want}"
