@@ -451,3 +451,33 @@ def check_path(path: object, name: str = "path") -> Path:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"{name} must be a path (a str or a pathlib.Path), got {type(path).__name__}")
     return Path(path)
+
+
+# --- non-finite values: one rule for every attention backend ---
+
+
+def nonfinite_flags(v: torch.Tensor) -> torch.Tensor | None:
+    """The NaN rule every attention backend shares (a query sees only the non-finite values of
+    the keys it may attend), part 1 of 3.
+
+    Indicators ``[isnan | == +inf | == -inf]`` of ``v`` along its last axis, as ``v``'s
+    dtype, ``(..., k_len, 3 * v_dim)``; ``None`` if every value is finite (the usual case)."""
+    if bool(torch.isfinite(v).all()):
+        return None
+    return torch.cat([v.isnan(), v == float("inf"), v == float("-inf")], dim=-1).to(v.dtype)
+
+
+def zero_nonfinite(v: torch.Tensor) -> torch.Tensor:
+    """``v`` with every non-finite entry replaced by 0 (their effect is added back by
+    :func:`restore_nonfinite`, only for the queries that see them)."""
+    return torch.where(torch.isfinite(v), v, torch.zeros((), dtype=v.dtype, device=v.device))
+
+
+def restore_nonfinite(out: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+    """Put back the non-finite values a query sees: ``seen`` ``(..., q_len, 3 * v_dim)``
+    counts, per output entry, the visible keys whose value is NaN, +inf, -inf."""
+    dv = out.shape[-1]
+    nan, pos, neg = seen[..., :dv] > 0, seen[..., dv:2 * dv] > 0, seen[..., 2 * dv:] > 0
+    out = torch.where(pos, float("inf"), out)
+    out = torch.where(neg, float("-inf"), out)
+    return torch.where(nan | (pos & neg), float("nan"), out)

@@ -43,7 +43,8 @@ from ._checks import (
     is_contiguous_positions,
     normalize_mask,
 )
-from .attention import PositionScheme, _add_nonfinite, _finite_values, _value_flags, causal_mask
+from ._checks import nonfinite_flags, restore_nonfinite, zero_nonfinite
+from .attention import PositionScheme, causal_mask
 
 __all__ = ["ALIBI_FORMS", "ALiBi", "alibi_bias", "alibi_slopes", "bias_attention"]
 
@@ -394,9 +395,9 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, plan: _Plan) -> tuple[Tensor, Tens
     tiles = _Tiles(q, k, v, plan)
     # Non-finite values are kept out of the matmuls (0 * nan = nan would reach queries that
     # cannot see them) and added back for the queries that do see them, as in attention().
-    flags = _value_flags(tiles.v) if plan.nonfinite else None
+    flags = nonfinite_flags(tiles.v) if plan.nonfinite else None
     if flags is not None:
-        tiles.v = _finite_values(tiles.v)
+        tiles.v = zero_nonfinite(tiles.v)
         seen = q.new_zeros(b * h, lq, flags.shape[-1])
     # Running state of every query row: maximum, normaliser, unnormalised output.
     row_max = q.new_full((b * h, lq), float("-inf"))
@@ -426,7 +427,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, plan: _Plan) -> tuple[Tensor, Tens
     out = acc.div_(row_sum.masked_fill(empty, 1.0).unsqueeze(-1))
     lse = torch.where(empty, float("inf"), row_max.masked_fill(empty, 0.0) + row_sum.masked_fill(empty, 1.0).log())
     if flags is not None:
-        out = _add_nonfinite(out, seen)
+        out = restore_nonfinite(out, seen)
     return out.view(b, h, lq, dv), lse.view(b, h, lq)
 
 

@@ -40,6 +40,9 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import (
+    nonfinite_flags,
+    restore_nonfinite,
+    zero_nonfinite,
     broadcasts_to,
     as_positions,
     check_bool,
@@ -157,30 +160,6 @@ def causal_mask(q_pos: Tensor, k_pos: Tensor) -> Tensor:
     """
     q_pos, k_pos = check_position_pair(q_pos, k_pos)
     return k_pos.unsqueeze(-2) <= q_pos.unsqueeze(-1)
-
-
-def _value_flags(v: Tensor) -> Tensor | None:
-    """Indicators ``[isnan | == +inf | == -inf]`` of ``v`` along its last axis, as ``v``'s
-    dtype, ``(..., k_len, 3 * v_dim)``; ``None`` if every value is finite (the usual case)."""
-    if bool(torch.isfinite(v).all()):
-        return None
-    return torch.cat([v.isnan(), v == float("inf"), v == float("-inf")], dim=-1).to(v.dtype)
-
-
-def _finite_values(v: Tensor) -> Tensor:
-    """``v`` with every non-finite entry replaced by 0 (their effect is added back by
-    :func:`_add_nonfinite`, only for the queries that see them)."""
-    return torch.where(torch.isfinite(v), v, torch.zeros((), dtype=v.dtype, device=v.device))
-
-
-def _add_nonfinite(out: Tensor, seen: Tensor) -> Tensor:
-    """Put back the non-finite values a query sees: ``seen`` ``(..., q_len, 3 * v_dim)``
-    counts, per output entry, the visible keys whose value is NaN, +inf, -inf."""
-    dv = out.shape[-1]
-    nan, pos, neg = seen[..., :dv] > 0, seen[..., dv:2 * dv] > 0, seen[..., 2 * dv:] > 0
-    out = torch.where(pos, float("inf"), out)
-    out = torch.where(neg, float("-inf"), out)
-    return torch.where(nan | (pos & neg), float("nan"), out)
 
 
 def _check_hook_shape(term: object, want: tuple[int, ...], scheme: PositionScheme, hook: str,
@@ -322,18 +301,18 @@ def attention(
         # A row with no visible key would otherwise be uniform over masked keys: zero it.
         weights = weights.masked_fill(logits.amax(dim=-1, keepdim=True) <= lowest, 0.0)
     visible = None
-    flags = _value_flags(vw)
+    flags = nonfinite_flags(vw)
     if flags is None:
         out = weights @ vw
     else:
         # 0 * nan = nan: a masked key's NaN value would reach every query through the
         # matmul. Multiply finite values only, then add the non-finite ones back for the
         # queries that see them.
-        out = weights @ _finite_values(vw)
+        out = weights @ zero_nonfinite(vw)
         if maybe_masked:
             visible = logits > lowest  # only on this rare path: a (q_len, k_len) mask per head
         seen = flags.sum(-2, keepdim=True) if visible is None else visible.to(work) @ flags
-        out = _add_nonfinite(out, seen.expand(*out.shape[:-1], seen.shape[-1]))
+        out = restore_nonfinite(out, seen.expand(*out.shape[:-1], seen.shape[-1]))
     extra_v = scheme.score_values(weights, q_pos, k_pos)
     if extra_v is not None:
         _check_hook_shape(extra_v, tuple(out.shape), scheme, "score_values", "(batch, heads, q_len, v_dim)")

@@ -497,7 +497,7 @@ class TransformerXL(PositionScheme):
 # ============================================================================ T5
 
 
-def _check_bucket_args(bidirectional: bool, num_buckets: int, max_distance: int) -> int:
+def check_bucket_args(bidirectional: bool, num_buckets: int, max_distance: int) -> int:
     """Validate T5 bucket arguments; return ``max_exact``."""
     check_bool(bidirectional, "bidirectional")
     if isinstance(num_buckets, bool) or not isinstance(num_buckets, int):
@@ -545,7 +545,7 @@ def t5_relative_position_bucket(
     Returns:
         int64 buckets in ``[0, num_buckets)``, shaped like ``relative_position``.
     """
-    max_exact = _check_bucket_args(bidirectional, num_buckets, max_distance)
+    max_exact = check_bucket_args(bidirectional, num_buckets, max_distance)
     n = -check_int_tensor(relative_position, "relative_position", what="relative positions")
     if bidirectional:
         half = num_buckets // 2
@@ -592,7 +592,7 @@ class T5RelativeBias(PositionScheme):
                  bidirectional: bool = True) -> None:
         super().__init__()
         self.num_heads = check_positive_int(num_heads, "num_heads")
-        _check_bucket_args(bidirectional, num_buckets, max_distance)
+        check_bucket_args(bidirectional, num_buckets, max_distance)
         self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
         self.relative_attention_bias = nn.Embedding(num_buckets, num_heads)
 

@@ -16,6 +16,9 @@ import torch
 from torch import Tensor
 
 from .._checks import (
+    nonfinite_flags,
+    restore_nonfinite,
+    zero_nonfinite,
     as_positions,
     check_bool,
     check_choice,
@@ -26,10 +29,9 @@ from .._checks import (
     check_tensor,
 )
 from ..alibi import alibi_bias, bias_attention
-from ..attention import _add_nonfinite, _finite_values, _value_flags  # the torch paths' NaN rule
 from ..alibi import alibi_slopes as alibi_slopes_fn
 from ..relative import T5RelativeBias, t5_relative_position_bucket
-from ..relative import _check_bucket_args as check_t5_bucket_args  # relative.py's own validator
+from ..relative import check_bucket_args as check_t5_bucket_args  # relative.py's own validator
 from ..rope import TableRows, apply_rope, check_rope_args
 from . import _dispatch
 
@@ -421,14 +423,14 @@ def flash_attention_with_bias(
             lambda: t5_relative_position_bucket(torch.arange(lo, hi + 1, device=q.device), bidirectional,
                                                 num_buckets, max_distance))
         vec = table[buckets].t().float().contiguous()  # (heads, offsets): differentiable
-    flags = _value_flags(v)
+    flags = nonfinite_flags(v)
     if flags is not None:  # the rule of the torch paths: a query sees only its visible keys' NaN/inf
-        v = _finite_values(v)
+        v = zero_nonfinite(v)
     meta = AttentionMeta(q_pos=pos[0], k_pos=pos[1], q0=q0, k0=0, bias=BIASES.index(bias), slopes=slopes,
                          t5_lo=lo, t5_hi=hi, causal=causal, scale=scale)
     out = kern.FlashBiasAttention.apply(q, k, v, vec, meta)
     if flags is not None:
-        out = _add_nonfinite(out, _visible_counts(flags, h, lq, causal, q_pos, k_pos, q0))
+        out = restore_nonfinite(out, _visible_counts(flags, h, lq, causal, q_pos, k_pos, q0))
     return out
 
 
