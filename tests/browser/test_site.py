@@ -3,7 +3,13 @@
 For the home page and every page in the table of contents it checks that MathJax typeset the formulas (the
 DOM holds ``mjx-container`` elements, every math span was converted, no raw ``$$`` is left)
 and that no asset failed to load (no failed request, no HTTP error, no console error, no
-request that tried to leave the machine). Screenshots go to ``_build/screenshots/``.
+request that tried to leave the machine). On the chapter pages it also checks that no code
+cell's output runs off its column: every ``pre``, table and image inside a ``div.cell_output``
+must show its whole width (``scrollWidth <= clientWidth + 1``, no hidden horizontal scroll)
+and end inside the article column (``article.bd-article``), at the 1280 x 900 viewport of
+these tests, where the column of sphinx-book-theme holds about 77 characters of output; a
+failure names the page, the notebook cell and the line that is too long, and says how many
+characters fit. Screenshots go to ``_build/screenshots/``.
 
 The site is served from 127.0.0.1 by a thread of this process, like GitHub Pages would serve
 it. Everything else is unreachable: the host resolver maps every name to nothing, a dead proxy
@@ -24,6 +30,7 @@ import shutil
 import threading
 from pathlib import Path
 
+import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,8 +108,61 @@ def browser():
         b.close()
 
 
+# Every output element of every code cell (``div.cell``, in page order): whether it hides part of
+# its width behind a horizontal scroll bar, or sticks out of the article column.
+_OVERFLOW_JS = """() => {
+    const column = document.querySelector('article.bd-article');
+    const right = column ? column.getBoundingClientRect().right : Infinity;
+    const found = [];
+    document.querySelectorAll('div.cell').forEach((cell, index) => {
+        cell.querySelectorAll('div.cell_output pre, div.cell_output table, div.cell_output img')
+            .forEach(el => {
+                const box = el.getBoundingClientRect();
+                const hidden = el.scrollWidth - el.clientWidth;
+                const outside = box.right - right;
+                if (hidden > 1 || outside > 1) {
+                    const lines = (el.innerText || '').split('\\n');
+                    const longest = lines.reduce((a, b) => (b.length > a.length ? b : a), '');
+                    // How many characters of this element's font fit in its visible width.
+                    const style = getComputedStyle(el);
+                    const probe = document.createElement('span');
+                    probe.textContent = 'x'.repeat(100);
+                    el.appendChild(probe);  // inherits the element's font
+                    const charWidth = probe.getBoundingClientRect().width / 100;
+                    probe.remove();
+                    const inner = el.clientWidth - parseFloat(style.paddingLeft)
+                        - parseFloat(style.paddingRight);
+                    found.push({cell: index, tag: el.tagName.toLowerCase(), hidden: hidden,
+                                outside: Math.round(outside), chars: longest.length,
+                                fits: Math.floor(inner / charWidth), line: longest.slice(0, 70)});
+                }
+            });
+    });
+    return found;
+}"""
+
+
+def _code_cells(page_path: str) -> list[int]:
+    """Notebook indices of the code cells a chapter page renders as ``div.cell``, in order."""
+    nb_path = ROOT / Path(page_path).with_suffix(".ipynb")
+    if not nb_path.exists():
+        return []
+    nb = nbformat.read(nb_path, as_version=4)
+    return [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
+            and "remove-cell" not in c.get("metadata", {}).get("tags", [])]
+
+
+_LOADED: dict[str, dict] = {}
+
+
 def _load(browser, server: str, page_path: str, shot: str) -> dict:
-    """Open one page; return what the checks need."""
+    """Open one page (once per test session); return what the checks need."""
+    if page_path not in _LOADED:
+        _LOADED[page_path] = _open(browser, server, page_path, shot)
+    return _LOADED[page_path]
+
+
+def _open(browser, server: str, page_path: str, shot: str) -> dict:
     problems: list[str] = []
     context = browser.new_context(viewport={"width": 1280, "height": 900})
 
@@ -148,6 +208,11 @@ def _load(browser, server: str, page_path: str, shot: str) -> dict:
             };
         }"""
     )
+    info["overflow"] = page.evaluate(_OVERFLOW_JS)
+    info["column_width"] = page.evaluate(
+        "() => { const c = document.querySelector('article.bd-article');"
+        " return c ? Math.round(c.getBoundingClientRect().width) : null; }"
+    )
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / shot), full_page=False)
     context.close()
@@ -170,6 +235,30 @@ def test_page_loads_offline_and_typesets_math(browser, server, page_path):
     assert info["untypeset"] == 0, f"{page_path}: {info['untypeset']} math elements left as TeX"
     assert info["raw_dollars"] == 0, f"{page_path}: raw $$ left in the rendered text"
     assert info["raw_brackets"] == 0, f"{page_path}: raw \\( or \\[ left in the rendered text"
+
+
+CHAPTER_PAGES = [p for p in PAGES if p.startswith("chapters/")]
+
+
+@pytest.mark.parametrize("page_path", CHAPTER_PAGES)
+def test_chapter_outputs_fit_their_column(browser, server, page_path):
+    shot = page_path.replace("/", "_").replace(".html", ".png")
+    info = _load(browser, server, page_path, shot)
+    assert info["column_width"], f"{page_path}: no article.bd-article column found"
+    cells = _code_cells(page_path)
+    report = []
+    for o in info["overflow"]:
+        where = f"cell [{cells[o['cell']]}]" if o["cell"] < len(cells) else f"code cell #{o['cell']} of the page"
+        report.append(
+            f"{page_path} {where}: <{o['tag']}> hides {o['hidden']} px behind a scroll bar,"
+            f" ends {o['outside']} px right of the {info['column_width']} px column;"
+            f" longest line {o['chars']} chars (room for {o['fits']}): {o['line']!r}"
+        )
+    assert not report, "outputs wider than their column:\n" + "\n".join(report)
+
+
+def test_chapter_pages_are_checked_for_overflow():
+    assert "chapters/07_kernels.html" in CHAPTER_PAGES and len(CHAPTER_PAGES) >= 7
 
 
 def test_pages_include_home_and_chapter_one():
