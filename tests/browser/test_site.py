@@ -7,7 +7,8 @@ request that tried to leave the machine). On the chapter pages it also checks th
 cell's output runs off its column: every ``pre``, table and image inside a ``div.cell_output``
 must show its whole width (``scrollWidth <= clientWidth + 1``, no hidden horizontal scroll)
 and end inside the article column (``article.bd-article``), at the 1280 x 900 viewport of
-these tests, where the column of sphinx-book-theme holds about 77 characters of output; a
+these tests, where the column holds about 85 characters of output in the font size that
+``_static/outputs.css`` sets (a longer line wraps there instead of scrolling); a
 failure names the page, the notebook cell and the line that is too long, and says how many
 characters fit. Screenshots go to ``_build/screenshots/``.
 
