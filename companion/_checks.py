@@ -27,7 +27,6 @@ import torch
 
 #: Integer dtypes accepted for positions and index tensors (``bool`` is not one of them).
 INT_DTYPES: tuple[torch.dtype, ...] = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
-_INT_DTYPES = INT_DTYPES  # the old private name, kept for callers that import it
 
 #: Every size, count and position fits an int64; a larger Python int can never be valid.
 INT64_LIMIT = 2**63
@@ -198,11 +197,6 @@ def contiguous_start(pos: torch.Tensor) -> int | None:
     if pos.numel() == 1 or bool((pos[1:] - pos[:-1] == 1).all()):
         return start
     return None
-
-
-def is_contiguous_positions(pos: torch.Tensor) -> bool:
-    """Whether ``pos`` counts up by one, ``p, p + 1, ...`` (see :func:`contiguous_start`)."""
-    return contiguous_start(pos) is not None
 
 
 def as_positions(

@@ -40,7 +40,7 @@ from ._checks import (
     check_positive_int,
     check_qkv,
     check_tensor,
-    is_contiguous_positions,
+    contiguous_start,
     normalize_mask,
 )
 from ._checks import nonfinite_flags, restore_nonfinite, zero_nonfinite
@@ -238,8 +238,8 @@ class _Plan:
             self.k_lo = [int(k_pos[..., s:e].min()) for s, e in self.k_blocks]
             self.k_hi = [int(k_pos[..., s:e].max()) for s, e in self.k_blocks]
 
-        self.relative = (_is_relative(bias_fn) and is_contiguous_positions(q_pos)
-                         and is_contiguous_positions(k_pos))
+        self.relative = (_is_relative(bias_fn) and contiguous_start(q_pos) is not None
+                         and contiguous_start(k_pos) is not None)
 
     def visible(self, qi: int, ki: int) -> bool:
         """False when every key of block ``ki`` is in the future of every query of ``qi``."""
