@@ -146,6 +146,6 @@ def test_portability_settings_reach_torch():
     # torch never runs kernels wider than requested; it may run narrower ones on a CPU that
     # lacks the requested instructions.
     allowed = {"default": {"DEFAULT"}, "avx2": {"AVX2", "DEFAULT"}, "avx512": {"AVX512", "AVX2", "DEFAULT"}}
-    assert got in allowed.get(wanted.lower(), {got})
-    if wanted.lower() == "default":
-        assert numeric_config()["env"]["ATEN_CPU_CAPABILITY"] == wanted
+    if wanted.lower() not in allowed:
+        pytest.skip(f"ATEN_CPU_CAPABILITY={wanted} is not one the matrix uses")
+    assert got in allowed[wanted.lower()]
