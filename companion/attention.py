@@ -229,7 +229,7 @@ def attention(
     and one it can see makes its output NaN (or inf). torch's
     ``scaled_dot_product_attention`` gives no such guarantee (``0 * nan`` in its
     ``weights @ v`` spreads one NaN value to every query);
-    :func:`companion.alibi.bias_attention` gives the same one as this function.
+    :func:`companion.blockwise.bias_attention` gives the same one as this function.
 
     Raises:
         TypeError: a wrong type (float positions, ``causal="False"``, a string ``scale``).

@@ -584,7 +584,7 @@ class T5RelativeBias(PositionScheme):
             is its weight, ``(num_buckets, num_heads)``, for kernels.
     """
 
-    #: The bias depends only on ``k_pos - q_pos``, so :func:`companion.alibi.bias_attention`
+    #: The bias depends only on ``k_pos - q_pos``, so :func:`companion.blockwise.bias_attention`
     #: may compute one tile per diagonal of tiles and reuse it.
     relative_bias = True
 

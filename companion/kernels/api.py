@@ -28,7 +28,8 @@ from .._checks import (
     check_scheme_heads,
     check_tensor,
 )
-from ..alibi import alibi_bias, bias_attention
+from ..alibi import alibi_bias
+from ..blockwise import bias_attention
 from ..alibi import alibi_slopes as alibi_slopes_fn
 from ..relative import T5RelativeBias, t5_relative_position_bucket
 from ..relative import check_bucket_args as check_t5_bucket_args  # relative.py's own validator
@@ -297,7 +298,7 @@ def _cached(cache: dict, key: tuple, make) -> Tensor:
 def _reference_attention(q: Tensor, k: Tensor, v: Tensor, kind: str | None, slopes: Tensor | None,
                          t5: T5Spec | None, causal: bool, scale: float, q_pos: Tensor | None,
                          k_pos: Tensor | None) -> Tensor:
-    """The torch path: :func:`companion.alibi.bias_attention` with the matching bias."""
+    """The torch path: :func:`companion.blockwise.bias_attention` with the matching bias."""
     kw = dict(causal=causal, scale=scale, q_pos=q_pos, k_pos=k_pos)
     if kind is None:
         return bias_attention(q, k, v, None, **kw)
@@ -353,11 +354,11 @@ def flash_attention_with_bias(
 
     Backends (chosen from the device): CUDA runs the Triton kernels; CPU runs them through
     Triton's interpreter if ``TRITON_INTERPRET=1`` was set before the kernels were first
-    used, otherwise :func:`companion.alibi.bias_attention` (the blockwise torch path, same
+    used, otherwise :func:`companion.blockwise.bias_attention` (the blockwise torch path, same
     result). float64, ``head_dim > 256``, a value dim other than ``head_dim`` and positions
     outside ``(-2**30, 2**30)`` always take the torch path; a last dimension that is not
     contiguous is copied for the kernel. The arguments are validated by the same checks as
-    :func:`companion.attention.attention` and :func:`companion.alibi.bias_attention`
+    :func:`companion.attention.attention` and :func:`companion.blockwise.bias_attention`
     (``companion._checks``), on every backend: a scheme (``t5``, ``alibi_slopes``) must be
     built for exactly ``heads`` heads.
 
