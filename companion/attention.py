@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -174,9 +175,119 @@ def _check_hook_shape(term: object, want: tuple[int, ...], scheme: PositionSchem
         )
 
 
+def _rotate_checked(scheme: PositionScheme, q: Tensor, k: Tensor, q_pos: Tensor,
+                   k_pos: Tensor) -> tuple[Tensor, Tensor]:
+    """``scheme.rotate(q, k, q_pos, k_pos)``, which must preserve the shapes of ``q`` and ``k``
+    (``ValueError`` otherwise)."""
+    q2, k2 = scheme.rotate(q, k, q_pos, k_pos)
+    if q2.shape != q.shape or k2.shape != k.shape:
+        raise ValueError(f"{type(scheme).__name__}.rotate must preserve the shapes of q and k")
+    return q2, k2
+
+
 def _heads_view(mask: Tensor) -> Tensor:
     """Give a ``(q, k)`` or ``(batch, q, k)`` mask a heads axis so it broadcasts."""
     return mask if mask.dim() == 2 else mask.unsqueeze(1)
+
+
+class _Prologue(NamedTuple):
+    """What every attention path validates and defaults before it computes (see
+    :func:`_prologue`): the sizes, the flags, the positions, the scale and the mask."""
+
+    batch: int
+    heads: int
+    q_len: int
+    head_dim: int
+    kv_heads: int
+    k_len: int
+    causal: bool
+    #: the logit scale: the argument, validated, or ``1 / sqrt(head_dim)``
+    scale: float
+    #: int64 positions on ``q``'s device (``None`` only with ``materialize=False``, for the
+    #: default ``arange(q_start, q_start + q_len)`` / ``arange(k_len)``)
+    q_pos: Tensor | None
+    k_pos: Tensor | None
+    #: the first default query position: ``max(k_len - q_len, 0)`` (KV-cache decoding)
+    q_start: int
+    #: ``attn_mask`` split by :func:`~companion._checks.normalize_mask`: bool ``True`` =
+    #: attend, or a floating term added to the logits (at most one is not ``None``)
+    allowed: Tensor | None
+    additive: Tensor | None
+    #: the dtype the math runs in: float32 for float16/bfloat16 inputs, else the input's
+    work: torch.dtype
+
+    def operands(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``q, k, v`` in the work dtype, with every key/value head repeated
+        ``heads // kv_heads`` times (grouped-query attention)."""
+        if self.kv_heads != self.heads:
+            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
+            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        return q.to(self.work), k.to(self.work), v.to(self.work)
+
+
+def _prologue(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scheme: PositionScheme | None = None,
+    q_pos: Tensor | Sequence[int] | None = None,
+    k_pos: Tensor | Sequence[int] | None = None,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    attn_mask: Tensor | None = None,
+    materialize: bool = True,
+) -> _Prologue:
+    """The checks and defaults every attention path shares, in one place.
+
+    :func:`attention`, :func:`companion.blockwise.bias_attention`,
+    :func:`companion.dispatch.fast_attention` and
+    :func:`companion.kernels.flash_attention_with_bias` all start here, so one bad argument
+    gets one error whichever path it is given to: the shapes, dtypes and devices of ``q, k,
+    v`` (:func:`~companion._checks.check_qkv`), the scheme's head count
+    (:meth:`PositionScheme.check_heads`), ``causal``, the positions (defaults: keys at
+    ``arange(k_len)``, queries the last ``q_len`` of them), the scale (default ``1 /
+    sqrt(head_dim)``) and the mask (:func:`~companion._checks.normalize_mask`).
+
+    Args:
+        q, k, v: as in :func:`attention`.
+        scheme: checked for ``heads`` query heads if given (not type-checked here).
+        q_pos, k_pos: integer positions or ``None``.
+        causal: must be a ``bool``.
+        scale: ``None`` or a finite number > 0.
+        attn_mask: ``None`` or a mask as in :func:`attention`.
+        materialize: build the default positions (``False``: leave them ``None``, for a
+            caller that computes them itself).
+
+    Returns:
+        A :class:`_Prologue`; its :meth:`~_Prologue.operands` gives the GQA-repeated ``q, k,
+        v`` in the work dtype.
+
+    Raises:
+        TypeError, ValueError: as :func:`attention` documents.
+    """
+    b, h, lq, d, hk, lk = check_qkv(q, k, v)
+    if scheme is not None:
+        scheme.check_heads(h)
+    causal = check_bool(causal, "causal")
+    q_start = max(lk - lq, 0)
+    if q_pos is not None or materialize:
+        q_pos = as_positions(q_pos, "q_pos", lq, b, q.device, default_start=q_start)
+    if k_pos is not None or materialize:
+        k_pos = as_positions(k_pos, "k_pos", lk, b, q.device)
+    scale = 1.0 / math.sqrt(d) if scale is None else check_finite_number(scale, "scale")
+    allowed, additive = normalize_mask(attn_mask, (b, h, lq, lk), device=q.device)
+    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    return _Prologue(b, h, lq, d, hk, lk, causal, scale, q_pos, k_pos, q_start, allowed, additive, work)
+
+
+def _as_scheme(scheme: object, name: str = "scheme") -> PositionScheme:
+    """``None`` means :class:`NoPE`; anything else must be a :class:`PositionScheme`."""
+    if scheme is None:
+        return NoPE()
+    if not isinstance(scheme, PositionScheme):
+        raise TypeError(f"{name} must be a companion PositionScheme, got {type(scheme).__name__}")
+    return scheme
 
 
 def attention(
@@ -235,27 +346,15 @@ def attention(
         TypeError: a wrong type (float positions, ``causal="False"``, a string ``scale``).
         ValueError: bad shapes, values or masks; a scheme built for another number of heads.
     """
-    b, h, lq, d, hk, lk = check_qkv(q, k, v)
-    scheme = NoPE() if scheme is None else scheme
-    if not isinstance(scheme, PositionScheme):
-        raise TypeError(f"scheme must be a companion PositionScheme, got {type(scheme).__name__}")
-    scheme.check_heads(h)
-    causal = check_bool(causal, "causal")
+    scheme = _as_scheme(scheme)
+    pro = _prologue(q, k, v, scheme, q_pos, k_pos, causal=causal, scale=scale, attn_mask=attn_mask)
     return_weights = check_bool(return_weights, "return_weights")
-    q_pos = as_positions(q_pos, "q_pos", lq, b, q.device, default_start=max(lk - lq, 0))
-    k_pos = as_positions(k_pos, "k_pos", lk, b, q.device)
-    scale = 1.0 / math.sqrt(d) if scale is None else check_finite_number(scale, "scale")
-    allowed, additive = normalize_mask(attn_mask, (b, h, lq, lk), device=q.device)
+    b, h, lq, d, hk, lk = pro[:6]
+    causal, scale, q_pos, k_pos, allowed, additive, work = (
+        pro.causal, pro.scale, pro.q_pos, pro.k_pos, pro.allowed, pro.additive, pro.work)
 
-    q, k = scheme.rotate(q, k, q_pos, k_pos)
-    if q.shape != (b, h, lq, d) or k.shape != (b, hk, lk, d):
-        raise ValueError(f"{type(scheme).__name__}.rotate must preserve the shapes of q and k")
-    if hk != h:
-        k = k.repeat_interleave(h // hk, dim=1)
-        v = v.repeat_interleave(h // hk, dim=1)
-
-    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    qw, kw, vw = q.to(work), k.to(work), v.to(work)
+    q, k = _rotate_checked(scheme, q, k, q_pos, k_pos)
+    qw, kw, vw = pro.operands(q, k, v)
     logits = qw @ kw.transpose(-1, -2)
     extra = scheme.score(qw, kw, q_pos, k_pos)
     if extra is not None:

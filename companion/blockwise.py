@@ -24,25 +24,15 @@ autograd function whose backward recomputes each tile (FlashAttention-2's recomp
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from ._checks import (
-    as_positions,
-    check_bool,
-    check_finite_number,
-    check_positive_int,
-    check_qkv,
-    check_tensor,
-    contiguous_start,
-    normalize_mask,
-)
+from ._checks import check_positive_int, check_tensor, contiguous_start
 from ._checks import nonfinite_flags, restore_nonfinite, zero_nonfinite
-from .attention import PositionScheme, causal_mask
+from .attention import PositionScheme, _prologue, causal_mask
 
 __all__ = ["BiasFn", "bias_attention"]
 
@@ -431,9 +421,7 @@ def bias_attention(
     A scheme (or a scheme's bound ``bias`` method) built for another number of heads than
     ``q`` has raises ``ValueError``, as in :func:`~companion.attention.attention`.
     """
-    b, h, lq, d, hk, lk = check_qkv(q, k, v)
     bq, bkk = _block_sizes(block_size)
-    causal = check_bool(causal, "causal")
     if bias_params is not None and (isinstance(bias_params, Tensor) or not isinstance(bias_params, (list, tuple))):
         raise TypeError(
             f"bias_params must be a list or tuple of tensors, got {type(bias_params).__name__}"
@@ -441,8 +429,8 @@ def bias_attention(
         )
     params = list(bias_params or [])
     owner = bias_fn if isinstance(bias_fn, PositionScheme) else getattr(bias_fn, "__self__", None)
-    if isinstance(owner, PositionScheme):
-        owner.check_heads(h)
+    pro = _prologue(q, k, v, owner if isinstance(owner, PositionScheme) else None, q_pos, k_pos,
+                    causal=causal, scale=scale, attn_mask=attn_mask)
     if isinstance(bias_fn, PositionScheme):
         extra = set(bias_fn.hooks()) - {"bias"}
         if extra:
@@ -458,21 +446,13 @@ def bias_attention(
         params += _bias_parameters(bias_fn)
     for i, p in enumerate(params):
         check_tensor(p, f"bias_params[{i}]")
-    q_pos = as_positions(q_pos, "q_pos", lq, b, q.device, default_start=max(lk - lq, 0))
-    k_pos = as_positions(k_pos, "k_pos", lk, b, q.device)
-    scale = 1.0 / math.sqrt(d) if scale is None else check_finite_number(scale, "scale")
-    allowed, additive = normalize_mask(attn_mask, (b, h, lq, lk), device=q.device)
+    b, h, lq, _, _, lk = pro[:6]
     if lq == 0 or lk == 0:
         return q.new_zeros(b, h, lq, v.shape[-1])
-
-    if hk != h:
-        k = k.repeat_interleave(h // hk, dim=1)
-        v = v.repeat_interleave(h // hk, dim=1)
-    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    qw, kw, vw = q.to(work), k.to(work), v.to(work)
+    qw, kw, vw = pro.operands(q, k, v)
     nonfinite = not all(bool(torch.isfinite(t).all()) for t in (qw, kw, vw))
-    plan = _Plan(bias_fn, causal, scale, bq, bkk, q_pos, k_pos, (b, h, lq, lk),
-                 allowed, additive, nonfinite)
+    plan = _Plan(bias_fn, pro.causal, pro.scale, bq, bkk, pro.q_pos, pro.k_pos, (b, h, lq, lk),
+                 pro.allowed, pro.additive, nonfinite)
     # Validate the bias of the first tile up front, with a clear message.
     first = plan.bias(0, 0)
     if first is not None and first.requires_grad and torch.is_grad_enabled() and not params:

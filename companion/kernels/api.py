@@ -7,7 +7,6 @@ laptop fails the same way on a GPU), then runs the Triton kernel or the torch re
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -19,18 +18,15 @@ from .._checks import (
     nonfinite_flags,
     restore_nonfinite,
     zero_nonfinite,
-    as_positions,
-    check_bool,
     check_choice,
     check_device,
-    check_finite_number,
-    check_qkv,
     check_scheme_heads,
     check_tensor,
 )
 from ..alibi import alibi_bias
-from ..blockwise import bias_attention
 from ..alibi import alibi_slopes as alibi_slopes_fn
+from ..attention import _prologue
+from ..blockwise import bias_attention
 from ..relative import T5RelativeBias, t5_relative_position_bucket
 from ..relative import check_bucket_args as check_t5_bucket_args  # relative.py's own validator
 from ..rope import TableRows, apply_rope, check_rope_args
@@ -246,17 +242,17 @@ def _alibi_slopes(slopes: object, heads: int, device: torch.device) -> Tensor:
     return slopes.detach().to(device=device, dtype=torch.float32).contiguous()
 
 
-def _attention_positions(pos: object, name: str, length: int, batch: int, device: torch.device,
-                         default_start: int) -> tuple[Tensor | None, int, int]:
-    """``(positions or None, lowest, highest)``. None stands for the default
-    ``arange(default_start, default_start + length)``, whose range needs no device sync."""
+def _position_range(pos: Tensor | None, default_start: int,
+                    length: int) -> tuple[Tensor | None, int, int]:
+    """``(positions or None, lowest, highest)`` of positions the prologue validated. None
+    stands for the default ``arange(default_start, default_start + length)``, whose range
+    needs no device sync."""
     if pos is None:
         return None, default_start, default_start + length - 1
-    p = as_positions(pos, name, length, batch, device)
-    if not p.numel():
-        return p, 0, -1
-    lo, hi = (int(x) for x in torch.aminmax(p))
-    return p, lo, hi
+    if not pos.numel():
+        return pos, 0, -1
+    lo, hi = (int(x) for x in torch.aminmax(pos))
+    return pos, lo, hi
 
 
 @dataclass(frozen=True)
@@ -380,10 +376,10 @@ def flash_attention_with_bias(
         ``(batch, heads, q_len, v_dim)`` in ``q``'s dtype; a query that may attend no key
         gets zeros.
     """
-    b, h, lq, d, hk, lk = check_qkv(q, k, v)
     check_choice(bias, "bias", BIASES)
-    causal = check_bool(causal, "causal")
-    scale = 1.0 / math.sqrt(d) if scale is None else check_finite_number(scale, "scale")
+    pro = _prologue(q, k, v, None, q_pos, k_pos, causal=causal, scale=scale, materialize=False)
+    b, h, lq, d, hk, lk = pro[:6]
+    causal, scale, q0 = pro.causal, pro.scale, pro.q_start
     if bias != "alibi" and alibi_slopes is not None:
         raise ValueError("alibi_slopes is only used with bias='alibi'")
     if bias != "t5" and t5 is not None:
@@ -395,9 +391,8 @@ def flash_attention_with_bias(
             raise ValueError("bias='t5' needs t5=T5RelativeBias(...) or "
                              "(table, num_buckets, max_distance, bidirectional)")
         spec = _t5_spec(t5, h, q.device)
-    q0 = max(lk - lq, 0)
-    q_pos, q_lo, q_hi = _attention_positions(q_pos, "q_pos", lq, b, q.device, q0)
-    k_pos, k_lo, k_hi = _attention_positions(k_pos, "k_pos", lk, b, q.device, 0)
+    q_pos, q_lo, q_hi = _position_range(pro.q_pos, q0, lq)
+    k_pos, k_lo, k_hi = _position_range(pro.k_pos, 0, lk)
 
     use_ref = (_dispatch.backend(q.device, "attention") == "torch" or q.dtype not in KERNEL_DTYPES
                or q.numel() == 0 or k.numel() == 0 or d > MAX_ATTENTION_HEAD_DIM or v.shape[-1] != d
