@@ -1,0 +1,123 @@
+"""``python -m companion.lab train|eval|sweep ...``: the lab's command line.
+
+Examples::
+
+    # one scheme, one seed: train, save a checkpoint, evaluate, write JSON
+    python -m companion.lab train --scheme rope --seed 0 --checkpoint runs/rope.pt --out rope.json
+    # evaluate a saved checkpoint again
+    python -m companion.lab eval --checkpoint runs/rope.pt --out rope-eval.json
+    # the chapter's full sweep (every scheme, two seeds, two worker processes)
+    python -m companion.lab sweep --schemes all --seeds 0 1 --workers 2 --out chapters/data/08_sweep.json
+    # your own encoding beside the baselines
+    python -m companion.lab sweep --schemes nope rope alibi mypkg.enc:MyScheme --seeds 0 1 --out mine.json
+
+Every field of :class:`~companion.lab.train.TrainConfig` is an option (``--steps 500``,
+``--seq-len 64``, ...). ``train`` runs under ``torchrun`` too (DistributedDataParallel)::
+
+    torchrun --nproc-per-node 2 -m companion.lab train --scheme rope --checkpoint runs/rope.pt
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from dataclasses import asdict, fields
+
+import torch
+
+import torch.distributed as dist
+
+from ..utils import save_result
+from .corpus import load_corpus
+from .schemes import BUILTIN
+from .sweep import EvalConfig, evaluate_model, run_sweep
+from .train import TrainConfig, load_checkpoint, train
+
+
+def _add_dataclass_options(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+    for f in fields(cls):
+        if f.name in skip:
+            continue
+        default = getattr(cls(), f.name)
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(default, list):
+            kind = type(default[0]) if default else int
+            parser.add_argument(flag, type=kind, nargs="+", default=None, help=f"default {default}")
+        else:
+            parser.add_argument(flag, type=type(default), default=None, help=f"default {default!r}")
+
+
+def _picked(ns: argparse.Namespace, cls: type, skip: tuple[str, ...] = ()) -> dict:
+    return {f.name: getattr(ns, f.name) for f in fields(cls)
+            if f.name not in skip and getattr(ns, f.name, None) is not None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = "python -m companion.lab " + " ".join(shlex.quote(a) for a in argv)
+    parser = argparse.ArgumentParser(prog="python -m companion.lab", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    p_train = sub.add_parser("train", help="train one scheme and seed, then evaluate it")
+    _add_dataclass_options(p_train, TrainConfig)
+    _add_dataclass_options(p_train, EvalConfig)
+    p_train.add_argument("--checkpoint", default=None, help="where to save (and resume) the checkpoint")
+    p_train.add_argument("--out", default=None, help="JSON file for the record and evaluations")
+    p_train.add_argument("--no-eval", action="store_true", help="train only")
+    p_train.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
+
+    p_eval = sub.add_parser("eval", help="evaluate a saved checkpoint")
+    p_eval.add_argument("--checkpoint", required=True)
+    p_eval.add_argument("--out", default=None)
+    p_eval.add_argument("--threads", type=int, default=1)
+    _add_dataclass_options(p_eval, EvalConfig)
+
+    p_sweep = sub.add_parser("sweep", help="train and evaluate several schemes and seeds")
+    p_sweep.add_argument("--schemes", nargs="+", default=["all"],
+                         help=f"built-in names {list(BUILTIN)}, 'all', or package.module:ClassName")
+    p_sweep.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p_sweep.add_argument("--workers", type=int, default=2)
+    p_sweep.add_argument("--checkpoint-dir", default="runs/lab")
+    p_sweep.add_argument("--out", default=None)
+    _add_dataclass_options(p_sweep, TrainConfig, skip=("scheme", "seed"))
+    _add_dataclass_options(p_sweep, EvalConfig)
+
+    ns = parser.parse_args(argv)
+    if ns.cmd in ("train", "eval"):
+        torch.set_num_threads(ns.threads)
+    if ns.cmd == "train":
+        cfg = TrainConfig(**_picked(ns, TrainConfig))
+        corpus = load_corpus()
+        model, record = train(cfg, corpus, checkpoint=ns.checkpoint)
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if rank == 0:
+            if not ns.no_eval:
+                record.update(evaluate_model(model, cfg, EvalConfig(**_picked(ns, EvalConfig)), corpus))
+            if ns.out:
+                save_result(ns.out, record, command=command)
+            print(f"{cfg.scheme} seed {cfg.seed}: final training loss "
+                  f"{record['log'][-1]['loss']:.3f} bits per byte, {record['seconds']:.0f} s")
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    elif ns.cmd == "eval":
+        model, ckpt = load_checkpoint(ns.checkpoint)
+        cfg = TrainConfig.from_dict(ckpt["config"])
+        record = {"config": ckpt["config"], "log": ckpt["log"]}
+        record.update(evaluate_model(model, cfg, EvalConfig(**_picked(ns, EvalConfig))))
+        if ns.out:
+            save_result(ns.out, record, command=command)
+        for k, v in record["eval"]["bpb"].items():
+            print(f"length {k:>5}: {v['all']:.3f} bits per byte (last 64: {v['tail']:.3f})")
+    else:
+        schemes = list(BUILTIN) if ns.schemes == ["all"] else ns.schemes
+        base = _picked(ns, TrainConfig, skip=("scheme", "seed"))
+        configs = [TrainConfig(scheme=s, seed=seed, **base) for s in schemes for seed in ns.seeds]
+        result = run_sweep(configs, EvalConfig(**_picked(ns, EvalConfig)), out=ns.out, workers=ns.workers,
+                           checkpoint_dir=ns.checkpoint_dir, command=command)
+        print(f"sweep: {len(configs)} runs in {result['wall_seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

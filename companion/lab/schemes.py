@@ -1,0 +1,153 @@
+"""The schemes the lab trains, by name, and how to bring your own.
+
+A lab scheme is built from the model's shape by a factory; :func:`build_scheme` takes either
+a built-in name from :data:`BUILTIN` or ``"package.module:ClassName"``, the import path of a
+user's own :class:`~companion.attention.PositionScheme` subclass. A user's class is called with
+those of the following keyword arguments its constructor names (and nothing else):
+
+==============  ==============================================================================
+``d_model``     the model width (what an ``embed`` scheme adds to)
+``n_heads``     the number of attention heads (per-head state: slopes, tables)
+``head_dim``    ``d_model // n_heads`` (what a ``rotate`` or ``score`` scheme acts on)
+``max_len``     the longest sequence the experiment will evaluate (a table's size)
+``train_len``   the training length
+==============  ==============================================================================
+
+so ``python -m companion.lab sweep --schemes rope alibi mypkg.enc:MyScheme`` trains and
+evaluates a new encoding beside the baselines with no other code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+from collections.abc import Callable
+
+from ..absolute import LearnedPositionalEmbedding, ScaledSinusoidalEmbedding
+from ..alibi import ALiBi
+from ..attention import NoPE, PositionScheme
+from ..relative import ShawRelative, T5RelativeBias, TransformerXL
+from ..rope import RotaryEmbedding
+
+__all__ = ["BUILTIN", "LABELS", "SchemeShape", "build_scheme", "scheme_label"]
+
+#: The rms per dimension of the added sinusoids at initialisation. A sinusoidal table has rms
+#: ``sqrt(1/2)`` per dimension, which would swamp token embeddings initialised at 0.02;
+#: scaled down to about the embeddings' size, the model can still raise the learned gain.
+SINUSOID_RMS = 0.02
+
+
+class SchemeShape(dict):
+    """The keyword arguments a scheme factory may use (a ``dict`` with the keys above)."""
+
+
+def _nope(s: SchemeShape) -> PositionScheme:
+    return NoPE()
+
+
+def _sinusoidal(s: SchemeShape) -> PositionScheme:
+    return ScaledSinusoidalEmbedding(s["d_model"], init_scale=SINUSOID_RMS * math.sqrt(2.0))
+
+
+def _learned(s: SchemeShape) -> PositionScheme:
+    # Rows up to max_len exist so that long evaluations run; rows past the training length
+    # are never trained and keep their N(0, 0.02) start.
+    return LearnedPositionalEmbedding(s["max_len"], s["d_model"])
+
+
+def _shaw(s: SchemeShape) -> PositionScheme:
+    return ShawRelative(s["head_dim"], max_distance=16)
+
+
+def _xl(s: SchemeShape) -> PositionScheme:
+    return TransformerXL(s["n_heads"], s["head_dim"])
+
+
+def _t5(s: SchemeShape) -> PositionScheme:
+    return T5RelativeBias(s["n_heads"], num_buckets=32, max_distance=128, bidirectional=False)
+
+
+def _rope(s: SchemeShape) -> PositionScheme:
+    return RotaryEmbedding(s["head_dim"])
+
+
+def _alibi(s: SchemeShape) -> PositionScheme:
+    return ALiBi(s["n_heads"])
+
+
+#: Built-in scheme factories, in the book's chapter order.
+BUILTIN: dict[str, Callable[[SchemeShape], PositionScheme]] = {
+    "nope": _nope,
+    "sinusoidal": _sinusoidal,
+    "learned": _learned,
+    "shaw": _shaw,
+    "xl": _xl,
+    "t5": _t5,
+    "rope": _rope,
+    "alibi": _alibi,
+}
+
+#: Display names for figures and tables.
+LABELS: dict[str, str] = {
+    "nope": "NoPE",
+    "sinusoidal": "sinusoidal",
+    "learned": "learned",
+    "shaw": "Shaw",
+    "xl": "Transformer-XL",
+    "t5": "T5 bias",
+    "rope": "RoPE",
+    "alibi": "ALiBi",
+}
+
+
+def scheme_label(name: str) -> str:
+    """The display name of a built-in scheme, or the class name of ``module:ClassName``."""
+    return LABELS.get(name, name.rsplit(":", 1)[-1])
+
+
+def _import_class(spec: str) -> type:
+    module_name, _, class_name = spec.partition(":")
+    if not module_name or not class_name or ":" in class_name:
+        raise ValueError(f"scheme must be a built-in name {sorted(BUILTIN)} or 'package.module:ClassName', got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"scheme {spec!r}: cannot import module {module_name!r} ({exc})") from exc
+    cls = getattr(module, class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, PositionScheme)):
+        raise ValueError(
+            f"scheme {spec!r}: {module_name}.{class_name} must be a subclass of "
+            f"companion.PositionScheme, got {type(cls).__name__ if cls is not None else 'nothing'}"
+        )
+    return cls
+
+
+def build_scheme(name: str, *, d_model: int, n_heads: int, max_len: int, train_len: int) -> PositionScheme:
+    """Build the scheme ``name`` (a key of :data:`BUILTIN`, or ``"module:ClassName"``).
+
+    Raises:
+        ValueError: an unknown name, a module that does not import, or a class that is not
+            a :class:`~companion.attention.PositionScheme`, or whose constructor needs an
+            argument the lab does not provide.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"scheme must be a string, got {type(name).__name__}")
+    shape = SchemeShape(d_model=d_model, n_heads=n_heads, head_dim=d_model // n_heads,
+                        max_len=max_len, train_len=train_len)
+    if name in BUILTIN:
+        return BUILTIN[name](shape)
+    if ":" not in name:
+        raise ValueError(f"scheme must be a built-in name {sorted(BUILTIN)} or 'package.module:ClassName', got {name!r}")
+    cls = _import_class(name)
+    params = inspect.signature(cls).parameters
+    kwargs = {k: v for k, v in shape.items() if k in params}
+    missing = [p.name for p in params.values()
+               if p.default is inspect.Parameter.empty and p.name not in kwargs
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if missing:
+        raise ValueError(
+            f"scheme {name!r}: the constructor needs {missing}, but the lab passes only "
+            f"{sorted(shape)} (by name); give the others defaults"
+        )
+    return cls(**kwargs)

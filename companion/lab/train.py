@@ -1,0 +1,242 @@
+"""The lab's trainer: AdamW, warmup and cosine decay, checkpoints, and DistributedDataParallel.
+
+:func:`train` trains a :class:`~companion.model.TinyDecoder` on the byte corpus with one
+scheme. It is seeded (the model's initial weights from ``seed``, the batches from
+``seed + 1``), so a run is reproducible on one machine and numeric configuration.
+
+**Distributed.** The same function runs unchanged under ``torchrun``: when the environment
+has ``WORLD_SIZE > 1`` it joins the process group (``gloo`` on CPU, ``nccl`` on GPUs), wraps
+the model in :class:`~torch.nn.parallel.DistributedDataParallel`, and each process takes
+``batch_size / WORLD_SIZE`` rows of the same global batch (see
+:func:`companion.lab.data.sample_batch`). DDP averages the gradients over the processes, and
+every process's loss is the mean over its equally many rows, so the update is the one a
+single process computes on the whole global batch, up to the order of floating-point sums.
+Only rank 0 writes files.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .._checks import check_choice, check_finite_number, check_positive_int
+from ..model import TinyDecoder
+from ..utils import provenance
+from .corpus import Corpus
+from .data import sample_batch
+from .schemes import build_scheme
+
+__all__ = ["TrainConfig", "train", "build_model", "load_checkpoint", "lr_at", "DTYPES"]
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a training run (stored in every checkpoint and result).
+
+    The defaults are the chapter's recipe: a 2-layer, width-64, 4-head model (about 115k
+    parameters) trained at ``seq_len = 128`` for 1500 steps of 32 windows, at a peak learning
+    rate of ``1e-2`` (``1e-3`` leaves models this small stuck near bigram statistics).
+    """
+
+    scheme: str = "rope"
+    seed: int = 0
+    d_model: int = 64
+    n_heads: int = 4
+    n_layers: int = 2
+    seq_len: int = 128
+    max_len: int = 2048
+    batch_size: int = 32
+    steps: int = 1500
+    lr: float = 1e-2
+    min_lr_ratio: float = 0.1
+    warmup: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    retrieval_fraction: float = 0.25
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads", "n_layers", "seq_len", "max_len", "batch_size", "steps"):
+            check_positive_int(getattr(self, name), name)
+        check_positive_int(self.seed, "seed", 0)
+        check_positive_int(self.warmup, "warmup", 0)
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})")
+        if self.max_len < self.seq_len:
+            raise ValueError(f"max_len ({self.max_len}) must be at least seq_len ({self.seq_len})")
+        check_finite_number(self.lr, "lr")
+        check_finite_number(self.grad_clip, "grad_clip")
+        for name in ("min_lr_ratio", "retrieval_fraction", "weight_decay"):
+            value = check_finite_number(getattr(self, name), name, minimum=0)
+            if value > 1:
+                raise ValueError(f"{name} must lie in [0, 1], got {value}")
+        check_choice(self.dtype, "dtype", tuple(DTYPES))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown TrainConfig fields {unknown}; known: {sorted(known)}")
+        return cls(**d)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Learning rate at ``step`` (0-based): linear warmup over ``warmup`` steps, then cosine
+    decay from ``lr`` to ``min_lr_ratio * lr`` at the last step."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    span = max(1, cfg.steps - 1 - cfg.warmup)
+    t = min(1.0, (step - cfg.warmup) / span)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def build_model(cfg: TrainConfig) -> TinyDecoder:
+    """The seeded model of a config (the same weights on every process)."""
+    torch.manual_seed(cfg.seed)
+    scheme = build_scheme(cfg.scheme, d_model=cfg.d_model, n_heads=cfg.n_heads,
+                          max_len=cfg.max_len, train_len=cfg.seq_len)
+    model = TinyDecoder(256, cfg.d_model, cfg.n_heads, cfg.n_layers, scheme=scheme)
+    return model.to(DTYPES[cfg.dtype])
+
+
+def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    # Weight decay on matrices only (not on biases, gains, slopes or single scalars).
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def _distributed() -> tuple[int, int]:
+    """Join the process group if launched by torchrun; return ``(rank, world_size)``."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _save(path: Path, model: TinyDecoder, opt: torch.optim.Optimizer, cfg: TrainConfig, step: int,
+          log: list[dict[str, float]], info: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save({"config": asdict(cfg), "step": step, "model": model.state_dict(),
+                "optimizer": opt.state_dict(), "log": log, "info": info}, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> tuple[TinyDecoder, dict[str, Any]]:
+    """Load a checkpoint written by :func:`train` (``weights_only=True``: no code is run).
+
+    Returns the model, in eval mode, and the checkpoint dict (``config``, ``step``, ``log``,
+    ``info``, ``optimizer``).
+    """
+    ckpt = torch.load(Path(path), map_location="cpu", weights_only=True)
+    cfg = TrainConfig.from_dict(ckpt["config"])
+    model = build_model(cfg)
+    model.load_state_dict(ckpt["model"])
+    return model.eval(), ckpt
+
+
+def train(
+    cfg: TrainConfig,
+    corpus: Corpus,
+    *,
+    checkpoint: str | os.PathLike[str] | None = None,
+    log_every: int = 50,
+    progress: bool = True,
+) -> tuple[TinyDecoder, dict[str, Any]]:
+    """Train one model; return it (unwrapped, in eval mode) and a record of the run.
+
+    Args:
+        cfg: the run.
+        corpus: the bytes to train on (``corpus.train``).
+        checkpoint: where rank 0 saves the final checkpoint (``torch.save``; load it with
+            :func:`load_checkpoint`). If the file exists and holds the same config, training
+            resumes from it.
+        log_every: record the training loss every this many steps (and at the last).
+        progress: show a tqdm progress bar on rank 0.
+
+    Returns:
+        ``(model, record)``; ``record`` has ``config``, ``log`` (``step``, ``lr``, ``loss``
+        in bits per byte), ``parameters``, ``seconds``, ``world_size``, ``tokens_per_second``
+        and ``provenance``.
+    """
+    rank, world = _distributed()
+    if cfg.batch_size % world:
+        raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of WORLD_SIZE ({world})")
+    model = build_model(cfg)
+    opt = _optimizer(model, cfg)
+    log: list[dict[str, float]] = []
+    start_step = 0
+    path = None if checkpoint is None else Path(checkpoint)
+    if path is not None and path.exists():
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        if ckpt["config"] == asdict(cfg):
+            model.load_state_dict(ckpt["model"])
+            opt.load_state_dict(ckpt["optimizer"])
+            start_step, log = int(ckpt["step"]), list(ckpt["log"])
+    net: torch.nn.Module = model
+    if world > 1:
+        net = torch.nn.parallel.DistributedDataParallel(model)
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    for _ in range(start_step):  # replay the data stream up to the resumed step
+        sample_batch(corpus.train, cfg.batch_size, cfg.seq_len, gen,
+                     retrieval_fraction=cfg.retrieval_fraction, rank=rank, world_size=world)
+    bar = None
+    if progress and rank == 0 and start_step < cfg.steps:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=cfg.steps, initial=start_step, desc=cfg.scheme, leave=False)
+    model.train()
+    t0 = time.perf_counter()
+    for step in range(start_step, cfg.steps):
+        x, y = sample_batch(corpus.train, cfg.batch_size, cfg.seq_len, gen,
+                            retrieval_fraction=cfg.retrieval_fraction, rank=rank, world_size=world)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        logits = net(x)
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        if (step + 1) % log_every == 0 or step + 1 == cfg.steps:
+            value = loss.detach()
+            if world > 1:
+                dist.all_reduce(value)
+                value = value / world
+            log.append({"step": step + 1, "lr": lr_at(step, cfg), "loss": float(value) / math.log(2)})
+            if bar is not None:
+                bar.set_postfix(bpb=f"{log[-1]['loss']:.3f}")
+        if bar is not None:
+            bar.update(1)
+    seconds = time.perf_counter() - t0
+    if bar is not None:
+        bar.close()
+    record = {
+        "config": asdict(cfg),
+        "log": log,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "seconds": seconds,
+        "world_size": world,
+        "tokens_per_second": (cfg.steps - start_step) * cfg.batch_size * cfg.seq_len / max(seconds, 1e-9),
+        "provenance": {**provenance(), "corpus": corpus.info},
+    }
+    if path is not None and rank == 0:
+        _save(path, model, opt, cfg, cfg.steps, log, {"corpus": corpus.info})
+    if world > 1:
+        dist.barrier()
+    return model.eval(), record
