@@ -165,7 +165,7 @@ def causal_mask(q_pos: Tensor, k_pos: Tensor) -> Tensor:
 
 def _check_hook_shape(term: object, want: tuple[int, ...], scheme: PositionScheme, hook: str,
                       names: str) -> None:
-    """A ``score``/``score_values`` term must be a tensor that broadcasts to ``want``."""
+    """A ``bias``/``score``/``score_values`` term must be a tensor that broadcasts to ``want``."""
     if not isinstance(term, Tensor):
         raise TypeError(f"{type(scheme).__name__}.{hook} must return a tensor or None, got {type(term).__name__}")
     if not broadcasts_to(term.shape, want):
@@ -363,13 +363,8 @@ def attention(
     logits = logits * scale
     pos_bias = scheme.bias(q_pos, k_pos)
     if pos_bias is not None:
-        try:
-            logits = logits + pos_bias.to(work)
-        except RuntimeError as exc:
-            raise ValueError(
-                f"{type(scheme).__name__}.bias returned shape {tuple(pos_bias.shape)}, which does "
-                f"not broadcast to (batch, heads, q_len, k_len) = {(b, h, lq, lk)}"
-            ) from exc
+        _check_hook_shape(pos_bias, (b, h, lq, lk), scheme, "bias", "(batch, heads, q_len, k_len)")
+        logits = logits + pos_bias.to(work)
 
     if additive is not None:
         logits = logits + additive.to(work)

@@ -12,10 +12,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import as_positions, check_bool, check_positive_int, check_tensor
+from ._checks import as_positions, check_bool, check_choice, check_positive_int, check_tensor
 from .attention import NoPE, PositionScheme, attention
+from .dispatch import fast_attention
 
-__all__ = ["MultiHeadAttention", "TinyDecoder"]
+__all__ = ["ATTENTION_IMPLS", "MultiHeadAttention", "TinyDecoder"]
+
+#: The values of ``attention_impl``: ``"auto"`` (:func:`companion.dispatch.fast_attention`,
+#: the fastest correct path per scheme) or ``"reference"`` (:func:`companion.attention.attention`).
+ATTENTION_IMPLS: tuple[str, ...] = ("auto", "reference")
 
 
 class MultiHeadAttention(nn.Module):
@@ -27,6 +32,11 @@ class MultiHeadAttention(nn.Module):
         scheme: position scheme used inside attention; ``None`` means :class:`~companion.attention.NoPE`.
         n_kv_heads: key/value heads for grouped-query attention (default ``n_heads``).
         bias: whether the projections have biases.
+        attention_impl: ``"auto"`` (default): :func:`companion.dispatch.fast_attention`, which
+            picks torch's fused attention or the blockwise path when the scheme allows
+            (:func:`companion.dispatch.attention_path`); ``"reference"``:
+            :func:`companion.attention.attention`. Both compute the same function; a call
+            with ``return_weights=True`` always takes the reference.
 
     ``forward(x)`` requires ``x`` of shape ``(batch, seq, d_model)`` in the layer's dtype (a
     bf16 ``x`` for fp32 weights raises ``TypeError``: cast the input or the module);
@@ -41,11 +51,13 @@ class MultiHeadAttention(nn.Module):
         scheme: PositionScheme | None = None,
         n_kv_heads: int | None = None,
         bias: bool = False,
+        attention_impl: str = "auto",
     ) -> None:
         super().__init__()
         check_positive_int(d_model, "d_model")
         check_positive_int(n_heads, "n_heads")
         check_bool(bias, "bias")
+        self.attention_impl = check_choice(attention_impl, "attention_impl", ATTENTION_IMPLS)
         n_kv_heads = n_heads if n_kv_heads is None else check_positive_int(n_kv_heads, "n_kv_heads")
         if d_model % n_heads:
             raise ValueError(f"d_model ({d_model}) must be a multiple of n_heads ({n_heads})")
@@ -85,18 +97,28 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         attn_mask: Tensor | None = None,
         return_weights: bool = False,
+        cache: dict | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """``x``: ``(batch, seq, d_model)``; ``pos``: ``(seq,)`` or ``(batch, seq)``."""
+        """``x``: ``(batch, seq, d_model)``; ``pos``: ``(seq,)`` or ``(batch, seq)``.
+
+        ``cache``: a dict shared by layers that see the same positions, mask and scheme in
+        one forward pass, so that the attention mask and bias are built once (see
+        :func:`companion.dispatch.fast_attention`); ``None`` builds them per call.
+        """
         x = self._check_input(x)
         b, n, _ = x.shape
         pos = as_positions(pos, "pos", n, b, x.device)
         q = self._split(self.q_proj(x), self.n_heads)
         k = self._split(self.k_proj(x), self.n_kv_heads)
         v = self._split(self.v_proj(x), self.n_kv_heads)
-        res = attention(
-            q, k, v, self.scheme, pos, pos,
-            causal=causal, attn_mask=attn_mask, return_weights=return_weights,
-        )
+        if self.attention_impl == "reference" or return_weights:
+            res = attention(
+                q, k, v, self.scheme, pos, pos,
+                causal=causal, attn_mask=attn_mask, return_weights=return_weights,
+            )
+        else:
+            res = fast_attention(q, k, v, self.scheme, pos, pos, causal=causal, attn_mask=attn_mask,
+                                 cache=cache)
         out, weights = res if return_weights else (res, None)
         out = self.o_proj(out.transpose(1, 2).reshape(b, n, self.d_model))
         return (out, weights) if return_weights else out
@@ -113,15 +135,15 @@ def _check_scheme(scheme: object, n_heads: int) -> PositionScheme:
 
 class _Block(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, scheme: PositionScheme,
-                 n_kv_heads: int | None) -> None:
+                 n_kv_heads: int | None, attention_impl: str = "auto") -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model)
-        self.attn = MultiHeadAttention(d_model, n_heads, scheme, n_kv_heads)
+        self.attn = MultiHeadAttention(d_model, n_heads, scheme, n_kv_heads, attention_impl=attention_impl)
         self.ln2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
 
-    def forward(self, x: Tensor, pos: Tensor, attn_mask: Tensor | None) -> Tensor:
-        x = x + self.attn(self.ln1(x), pos, causal=True, attn_mask=attn_mask)
+    def forward(self, x: Tensor, pos: Tensor, attn_mask: Tensor | None, cache: dict | None = None) -> Tensor:
+        x = x + self.attn(self.ln1(x), pos, causal=True, attn_mask=attn_mask, cache=cache)
         return x + self.mlp(self.ln2(x))
 
 
@@ -137,6 +159,9 @@ class TinyDecoder(nn.Module):
         d_ff: hidden width of the MLP (default ``4 * d_model``).
         n_kv_heads: key/value heads for grouped-query attention (default ``n_heads``).
         tie_weights: share the token embedding with the output head.
+        attention_impl: the attention of every layer, ``"auto"`` (the fastest correct path,
+            :func:`companion.dispatch.fast_attention`) or ``"reference"``; see
+            :class:`MultiHeadAttention`.
 
     Every ``nn.Linear`` and ``nn.Embedding`` is initialised as ``N(0, 0.02)`` with zero
     biases (GPT-2 style), *including those inside the scheme* (a learned position table, T5's
@@ -157,6 +182,7 @@ class TinyDecoder(nn.Module):
         d_ff: int | None = None,
         n_kv_heads: int | None = None,
         tie_weights: bool = True,
+        attention_impl: str = "auto",
     ) -> None:
         super().__init__()
         check_positive_int(vocab_size, "vocab_size")
@@ -164,11 +190,12 @@ class TinyDecoder(nn.Module):
         check_positive_int(n_heads, "n_heads")
         check_positive_int(n_layers, "n_layers")
         check_bool(tie_weights, "tie_weights")
+        check_choice(attention_impl, "attention_impl", ATTENTION_IMPLS)
         self.scheme = _check_scheme(scheme, n_heads)
         self.tok = nn.Embedding(vocab_size, d_model)
         d_ff = 4 * d_model if d_ff is None else check_positive_int(d_ff, "d_ff")
         self.blocks = nn.ModuleList(
-            _Block(d_model, n_heads, d_ff, self.scheme, n_kv_heads) for _ in range(n_layers)
+            _Block(d_model, n_heads, d_ff, self.scheme, n_kv_heads, attention_impl) for _ in range(n_layers)
         )
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
@@ -223,8 +250,9 @@ class TinyDecoder(nn.Module):
                 )
             attn_mask = attn_mask[:, None, None, :]
         x = self.scheme.embed(self.tok(idx), pos)
+        cache: dict = {}  # one scheme, one set of positions and masks: shared by the layers
         for block in self.blocks:
-            x = block(x, pos, attn_mask)
+            x = block(x, pos, attn_mask, cache)
         return self.head(self.ln_f(x))
 
     def loss(self, idx: Tensor, targets: Tensor, position_ids: Tensor | None = None) -> Tensor:

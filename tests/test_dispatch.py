@@ -1,0 +1,418 @@
+"""The dispatcher (companion.dispatch): every path against the reference attention.
+
+Every fast path must compute the reference's function, forward and backward (gradients of
+q, k, v and of the scheme's own parameters), for every scheme of the package, with GQA,
+causal and not, padding masks, per-row positions and q_len < k_len, in float64 and float32.
+
+Tolerances come from the arithmetic. The paths differ from the reference only in the order
+of their sums (SDPA's fused kernel, the tiles of the blockwise path, the online softmax's
+rescaling). An output is a convex combination of values, reached through a dot product of
+``d`` terms, an exponential and two sums of ``L`` terms; a sum of ``n`` terms of magnitude
+at most ``m``, computed in another order, changes by at most about ``n * eps * m`` (every
+partial sum rounds once, by half an ulp of at most the running total). So outputs agree to
+``C * (d + 2 L) * eps * m``, with ``m`` the largest magnitude involved (values, logits,
+upstream gradients: all about 1 to 4 here) and ``C = 8`` for the few-ulp error of each
+``exp``/``log``/division along the way. That bound is the worst case, not a tuned fit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import companion
+from companion import (
+    SCHEMES,
+    ALiBi,
+    LearnedPositionalEmbedding,
+    MultiHeadAttention,
+    NoPE,
+    RotaryEmbedding,
+    ScaledSinusoidalEmbedding,
+    ShawRelative,
+    SinusoidalEmbedding,
+    T5RelativeBias,
+    TinyDecoder,
+    TransformerXL,
+    attention,
+)
+from companion import dispatch
+from companion.dispatch import ATTENTION_PATHS, attention_path, block_size_for, fast_attention
+
+H, D = 4, 8
+
+
+def make_scheme(cls: type, heads: int = H, head_dim: int = D, seed: int = 0) -> companion.PositionScheme:
+    """One instance of every scheme class, with random (not zero) parameters."""
+    torch.manual_seed(seed)
+    if cls is NoPE:
+        s = NoPE()
+    elif cls in (SinusoidalEmbedding, ScaledSinusoidalEmbedding):
+        s = cls(16)
+    elif cls is LearnedPositionalEmbedding:
+        s = cls(64, 16)
+    elif cls is ShawRelative:
+        s = cls(head_dim, max_distance=3, init_std=0.5)
+    elif cls is TransformerXL:
+        s = cls(heads, head_dim, init_std=0.5)
+    elif cls is T5RelativeBias:
+        s = cls(heads, num_buckets=8, max_distance=12, bidirectional=False)
+    elif cls is RotaryEmbedding:
+        s = cls(head_dim)
+    elif cls is ALiBi:
+        s = cls(heads)
+    else:  # pragma: no cover - a scheme added to SCHEMES without a case here
+        raise AssertionError(f"add {cls.__name__} to make_scheme")
+    return s
+
+
+def bound(dtype: torch.dtype, length: int, magnitude: float = 4.0, d: int = D) -> float:
+    """The module docstring's ``C (d + 2 L) eps m``."""
+    return 8 * (d + 2 * length) * torch.finfo(dtype).eps * magnitude
+
+
+def rand(*shape, dtype=torch.float64, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (scale * torch.randn(*shape, generator=g, dtype=torch.float64)).to(dtype)
+
+
+# Each configuration: (b, lq, lk, kv_heads, causal, mask kind, positions kind)
+CONFIGS = {
+    "self-causal": (2, 9, 9, H, True, None, None),
+    "self-bidirectional": (2, 9, 9, H, False, None, None),
+    "gqa-causal": (2, 9, 9, 2, True, None, None),
+    "mqa-bidirectional": (1, 7, 7, 1, False, None, None),
+    "padding-causal": (2, 9, 9, H, True, "padding", None),
+    "padding-bidirectional": (2, 9, 9, 2, False, "padding", None),
+    "left-padding-per-row": (2, 9, 9, H, True, "padding", "per-row"),
+    "decode-causal": (2, 3, 11, H, True, None, None),
+    "decode-gqa-padding": (2, 3, 11, 2, True, "padding", None),
+    "float-mask-causal": (2, 9, 9, H, True, "float", None),
+    "int-mask-bidirectional": (2, 9, 9, H, False, "int", None),
+    "shifted-positions": (2, 9, 9, H, True, None, "offset"),
+}
+
+
+def build_case(config: str, dtype: torch.dtype, seed: int = 0):
+    """q, k, v (requiring grad), positions and mask for one configuration."""
+    b, lq, lk, hk, causal, mask_kind, pos_kind = CONFIGS[config]
+    q = rand(b, H, lq, D, dtype=dtype, seed=seed + 1).requires_grad_()
+    k = rand(b, hk, lk, D, dtype=dtype, seed=seed + 2).requires_grad_()
+    v = rand(b, hk, lk, D, dtype=dtype, seed=seed + 3).requires_grad_()
+    q_pos = k_pos = None
+    keep = torch.ones(b, lk, dtype=torch.bool)
+    keep[0, :2] = False  # row 0 is left-padded by two keys
+    if pos_kind == "per-row":
+        k_pos = (keep.long().cumsum(-1) - 1).clamp(min=0)  # positions_from_mask, pads at 0
+        q_pos = k_pos[:, lk - lq:]
+    elif pos_kind == "offset":
+        k_pos = torch.arange(5, 5 + lk)
+        q_pos = k_pos[lk - lq:]
+    mask = None
+    if mask_kind == "padding":
+        mask = keep[:, None, None, :]
+    elif mask_kind == "int":
+        mask = keep[:, None, None, :].long()
+    elif mask_kind == "float":
+        mask = torch.where(keep, 0.0, float("-inf"))[:, None, None, :].to(dtype)
+        mask = mask + 0.25 * rand(1, H, lq, lk, dtype=dtype, seed=seed + 4)
+    return q, k, v, q_pos, k_pos, mask, causal
+
+
+def run(fn, scheme, q, k, v, q_pos, k_pos, mask, causal, upstream):
+    """Output and gradients (q, k, v, then the scheme's parameters) of one attention call."""
+    params = [p for p in scheme.parameters() if p.requires_grad]
+    for t in (q, k, v, *params):
+        t.grad = None
+    out = fn(q, k, v, scheme, q_pos, k_pos, causal=causal, attn_mask=mask)
+    out.backward(upstream)
+    grads = [t.grad.clone() if t.grad is not None else torch.zeros_like(t) for t in (q, k, v, *params)]
+    return out.detach(), grads
+
+
+def check_against_reference(scheme, config, dtype, seed=0):
+    q, k, v, q_pos, k_pos, mask, causal = build_case(config, dtype, seed)
+    path = attention_path(q, k, v, scheme, q_pos, k_pos, causal=causal, attn_mask=mask)
+    upstream = rand(q.shape[0], H, q.shape[2], D, dtype=dtype, seed=seed + 9)
+    ref, ref_grads = run(attention, scheme, q, k, v, q_pos, k_pos, mask, causal, upstream)
+    out, grads = run(fast_attention, scheme, q, k, v, q_pos, k_pos, mask, causal, upstream)
+    tol = bound(dtype, k.shape[2])
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    torch.testing.assert_close(out, ref, rtol=0, atol=tol)
+    names = ["q", "k", "v"] + [n for n, p in scheme.named_parameters() if p.requires_grad]
+    for name, g, r in zip(names, grads, ref_grads):
+        # A gradient sums up to L products of the terms above (a table entry: all pairs).
+        torch.testing.assert_close(g, r, rtol=0, atol=tol * max(1.0, float(r.abs().max())) * 2,
+                                   msg=lambda m, name=name: f"grad of {name} ({path}): {m}")
+    return path
+
+
+ATTENTION_SCHEMES = [c for c in SCHEMES]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("cls", ATTENTION_SCHEMES, ids=lambda c: c.__name__)
+def test_every_scheme_and_config_matches_the_reference(cls, config, dtype):
+    check_against_reference(make_scheme(cls), config, dtype)
+
+
+FORCINGS = {
+    # SDPA's float mask for any bias, the blockwise path for any bias, or for any mask
+    "sdpa": dict(SDPA_BIAS_PAIRS=1 << 40, SDPA_GRAD_BIAS_PAIRS=1 << 40),
+    "blockwise-bias": dict(SDPA_BIAS_PAIRS=0, SDPA_GRAD_BIAS_PAIRS=0),
+    "blockwise-masks": dict(SDPA_BIAS_PAIRS=0, SDPA_GRAD_BIAS_PAIRS=0, SDPA_MASK_BYTES=0),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("forcing", list(FORCINGS))
+@pytest.mark.parametrize("cls", [NoPE, RotaryEmbedding, T5RelativeBias, ALiBi], ids=lambda c: c.__name__)
+def test_forced_paths_match_the_reference(cls, forcing, config, dtype, monkeypatch):
+    """The thresholds pick by length; forcing them runs each path at the test's small sizes."""
+    for name, value in FORCINGS[forcing].items():
+        monkeypatch.setattr(dispatch, name, value)
+    path = check_against_reference(make_scheme(cls), config, dtype)
+    if "bias" in cls.hooks():
+        assert path == ("sdpa-bias" if forcing == "sdpa" else "blockwise")
+    elif forcing == "blockwise-masks":
+        causal, mask = CONFIGS[config][4], CONFIGS[config][5]
+        assert path in ("sdpa-causal", "blockwise") if (causal or mask) else path == "sdpa-mask"
+
+
+def test_the_cases_reach_every_path(monkeypatch):
+    """The parametrized cases above cover each path the dispatcher has."""
+    seen = set()
+    for cls in ATTENTION_SCHEMES:
+        for config in CONFIGS:
+            q, k, v, q_pos, k_pos, mask, causal = build_case(config, torch.float64)
+            seen.add(attention_path(q, k, v, make_scheme(cls), q_pos, k_pos, causal=causal, attn_mask=mask))
+    monkeypatch.setattr(dispatch, "SDPA_GRAD_BIAS_PAIRS", 0)
+    q, k, v, *_ = build_case("self-causal", torch.float64)
+    seen.add(attention_path(q, k, v, make_scheme(T5RelativeBias), causal=True))
+    assert seen == set(ATTENTION_PATHS)
+
+
+# ----------------------------------------------------------------------------- the choice
+
+
+def shapes(b=1, lq=8, lk=8, hk=H, d=1, dtype=torch.float32):
+    """Tensors for attention_path, which reads values only for the finiteness check."""
+    return torch.zeros(b, H, lq, d, dtype=dtype), torch.zeros(b, hk, lk, d, dtype=dtype), torch.zeros(b, hk, lk, d, dtype=dtype)
+
+
+def test_path_for_position_free_and_rotate_schemes():
+    q, k, v = shapes()
+    for scheme in (None, NoPE(), SinusoidalEmbedding(16), RotaryEmbedding(2)):
+        assert attention_path(q, k, v, scheme, causal=True) == "sdpa-causal"
+        assert attention_path(q, k, v, scheme, torch.arange(3, 11), torch.arange(3, 11), causal=True) == "sdpa-causal"
+        assert attention_path(q, k, v, scheme, causal=False) == "sdpa-mask"
+        assert attention_path(q, k, v, scheme, causal=True, attn_mask=torch.ones(8, 8, dtype=torch.bool)) == "sdpa-mask"
+        assert attention_path(q, k, v, scheme, torch.zeros(1, 8, dtype=torch.long) + torch.arange(8),
+                              torch.arange(8), causal=True) == "sdpa-mask"  # per-row positions
+        assert attention_path(q, k, v, scheme, torch.arange(8), torch.arange(1, 9), causal=True) == "sdpa-mask"
+    qd, kd, vd = shapes(lq=1, lk=8)  # decoding: the query is the last position, not the first
+    assert attention_path(qd, kd, vd, NoPE(), causal=True) == "sdpa-mask"
+
+
+def test_path_for_bias_schemes_follows_the_measured_thresholds():
+    alibi, t5 = ALiBi(H), T5RelativeBias(H, bidirectional=False)
+    short, at_limit, longer = shapes(lq=128, lk=128), shapes(lq=512, lk=512), shapes(lq=513, lk=512)
+    assert attention_path(*short, alibi, causal=True) == "sdpa-bias"
+    assert attention_path(*at_limit, alibi, causal=True) == "sdpa-bias"
+    assert attention_path(*longer, alibi, causal=True) == "blockwise"
+    assert attention_path(*short, t5, causal=True) == "sdpa-bias"  # the table needs a gradient
+    assert attention_path(*shapes(lq=129, lk=128), t5, causal=True) == "blockwise"
+    with torch.no_grad():  # no gradient: the table is a constant bias, like ALiBi's
+        assert attention_path(*at_limit, t5, causal=True) == "sdpa-bias"
+    t5.requires_grad_(False)
+    assert attention_path(*at_limit, t5, causal=True) == "sdpa-bias"
+
+
+def test_path_respects_the_mask_budget(monkeypatch):
+    q, k, v = shapes(b=2)
+    per_row = torch.arange(8).expand(2, 8)
+    monkeypatch.setattr(dispatch, "SDPA_MASK_BYTES", 4 * H * 64 - 1)  # one float32 (H, 8, 8) mask, less 1
+    assert attention_path(q, k, v, ALiBi(H), causal=True) == "blockwise"
+    monkeypatch.setattr(dispatch, "SDPA_MASK_BYTES", 4 * H * 64)
+    assert attention_path(q, k, v, ALiBi(H), causal=True) == "sdpa-bias"
+    assert attention_path(q, k, v, ALiBi(H), per_row, per_row, causal=True) == "blockwise"  # (2, H, 8, 8)
+    monkeypatch.setattr(dispatch, "SDPA_MASK_BYTES", 0)
+    assert attention_path(q, k, v, NoPE(), causal=True) == "sdpa-causal"  # builds no mask
+    assert attention_path(q, k, v, NoPE(), causal=False) == "sdpa-mask"  # nor does this
+    assert attention_path(q, k, v, NoPE(), per_row, per_row, causal=True) == "blockwise"
+
+
+def test_path_reference_cases():
+    q, k, v = shapes()
+    assert attention_path(q, k, v, ShawRelative(1), causal=True) == "reference"
+    assert attention_path(q, k, v, TransformerXL(H, 1), causal=True) == "reference"
+    assert attention_path(q, k, v, NoPE(), causal=True, return_weights=True) == "reference"
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for which in range(3):
+            t = [q.clone(), k.clone(), v.clone()]
+            t[which][0, 0, 3, 0] = bad
+            assert attention_path(*t, ALiBi(H), causal=True) == "reference"
+    mask = torch.zeros(8, 8)
+    assert attention_path(q, k, v, NoPE(), attn_mask=mask) == "sdpa-mask"
+    assert attention_path(q, k, v, NoPE(), attn_mask=mask.fill_diagonal_(float("-inf"))) == "sdpa-mask"
+    assert attention_path(q, k, v, NoPE(), attn_mask=mask.fill_diagonal_(float("inf"))) == "reference"
+    assert attention_path(q, k, v, NoPE(), attn_mask=mask.fill_diagonal_(float("nan"))) == "reference"
+    assert attention_path(*shapes(b=0), ALiBi(H), causal=True) == "reference"
+    assert attention_path(*shapes(lq=0), NoPE(), causal=True) == "reference"
+
+
+def test_block_size_rule():
+    assert block_size_for(32, 512) == 64 and block_size_for(32, 2048) == 128
+    assert block_size_for(8, 512) == 128 and block_size_for(8, 2048) == 256
+    assert block_size_for(1, 16384) == 512 and block_size_for(10**6, 128) == 64
+    for bh in (1, 3, 32, 1000):
+        for length in (1, 512, 513, 4096):
+            s = block_size_for(bh, length)
+            assert s in (64, 128, 256, 512)
+            assert s == 64 or bh * s * s <= (1 << 17 if length <= 512 else 1 << 19)
+
+
+# ----------------------------------------------------------------------------- edge cases
+
+
+@pytest.mark.parametrize("cls", [NoPE, RotaryEmbedding, ALiBi, T5RelativeBias], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("forcing", ["sdpa", "blockwise-bias"])
+def test_a_query_that_sees_nothing_gets_zeros(cls, forcing, monkeypatch):
+    """Row 0 may attend no key: zero output and zero gradients, as in the reference."""
+    for name, value in FORCINGS[forcing].items():
+        monkeypatch.setattr(dispatch, name, value)
+    scheme = make_scheme(cls)
+    q, k, v, *_ = build_case("self-bidirectional", torch.float64)
+    mask = torch.ones(2, 1, 9, 9, dtype=torch.bool)
+    mask[0, :, 4] = False
+    upstream = rand(2, H, 9, D, seed=5)
+    ref, ref_grads = run(attention, scheme, q, k, v, None, None, mask, True, upstream)
+    out, grads = run(fast_attention, scheme, q, k, v, None, None, mask, True, upstream)
+    assert torch.equal(out[0, :, 4], torch.zeros(H, D))
+    torch.testing.assert_close(out, ref, rtol=0, atol=bound(torch.float64, 9))
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=0, atol=bound(torch.float64, 9) * max(1.0, float(r.abs().max())) * 2)
+    assert torch.equal(grads[0][0, :, 4], torch.zeros(H, D))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("cls", [NoPE, RotaryEmbedding, ALiBi, T5RelativeBias], ids=lambda c: c.__name__)
+def test_half_precision_is_computed_in_float32(cls, dtype):
+    """Both paths compute in float32 from the same half inputs and round once at the end, so
+    they differ by at most one unit in the last place of the half result (plus the float32
+    bound, far below it)."""
+    scheme = make_scheme(cls)
+    q, k, v, *_ = build_case("self-causal", torch.float32)
+    q, k, v = (t.detach().to(dtype) for t in (q, k, v))
+    with torch.no_grad():
+        out = fast_attention(q, k, v, scheme, causal=True)
+        ref = attention(q, k, v, scheme, causal=True)
+    assert out.dtype == dtype
+    ulp = torch.finfo(dtype).eps * float(ref.float().abs().max())  # one ulp at the largest output
+    torch.testing.assert_close(out.float(), ref.float(), rtol=0, atol=ulp + bound(torch.float32, 9))
+
+
+def test_non_finite_values_follow_the_reference_rule():
+    """A NaN value that a query cannot see never reaches it (the reference path is taken)."""
+    q, k, v, *_ = build_case("self-causal", torch.float64)
+    v = v.detach().clone()
+    v[0, 0, 5, 0] = float("nan")
+    out = fast_attention(q.detach(), k.detach(), v, ALiBi(H), causal=True)
+    assert not out[0, 0, :5].isnan().any() and out[0, 0, 5:, 0].isnan().all()
+    ref = attention(q.detach(), k.detach(), v, ALiBi(H), causal=True)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)
+
+
+def test_return_weights_are_the_reference_weights():
+    q, k, v, *_ = build_case("self-causal", torch.float64)
+    out, w = fast_attention(q, k, v, ALiBi(H), causal=True, return_weights=True)
+    ref, ref_w = attention(q, k, v, ALiBi(H), causal=True, return_weights=True)
+    assert torch.equal(out, ref) and torch.equal(w, ref_w)
+
+
+def test_cache_shares_one_mask_between_calls():
+    scheme = make_scheme(T5RelativeBias)
+    q, k, v, *_ = build_case("self-causal", torch.float64)
+    cache: dict = {}
+    a = fast_attention(q, k, v, scheme, causal=True, cache=cache)
+    assert len(cache) == 1
+    (mask,) = cache.values()
+    b = fast_attention(q, k, v, scheme, causal=True, cache=cache)
+    assert len(cache) == 1 and next(iter(cache.values())) is mask and torch.equal(a, b)
+    (a + b).sum().backward()  # the shared mask's gradient reaches the table from both calls
+    twice = scheme.table.grad.clone()
+    scheme.table.grad = None
+    fast_attention(q, k, v, scheme, causal=True).sum().backward()
+    torch.testing.assert_close(twice, 2 * scheme.table.grad, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("call", [
+    pytest.param(lambda f, q, k, v: f(q, k, v, causal="False"), id="causal-str"),
+    pytest.param(lambda f, q, k, v: f(q, k, v, ALiBi(3), causal=True), id="heads"),
+    pytest.param(lambda f, q, k, v: f(q, k, v, q_pos=torch.arange(9.0)), id="float-positions"),
+    pytest.param(lambda f, q, k, v: f(q, k, v, scale=0.0), id="scale"),
+    pytest.param(lambda f, q, k, v: f(q, k, v, attn_mask=torch.ones(3, 3, dtype=torch.bool)), id="mask-shape"),
+    pytest.param(lambda f, q, k, v: f(q, k, v, attn_mask=torch.full((9, 9), 2)), id="int-mask-2"),
+    pytest.param(lambda f, q, k, v: f(q, k, v, "alibi"), id="scheme-type"),
+    pytest.param(lambda f, q, k, v: f(q[0], k, v), id="q-3d"),
+    pytest.param(lambda f, q, k, v: f(q, k, v, return_weights=1), id="return_weights-int"),
+])
+@pytest.mark.parametrize("fn", [fast_attention, attention_path], ids=["fast_attention", "attention_path"])
+def test_errors_are_the_references(call, fn):
+    q, k, v, *_ = build_case("self-causal", torch.float32)
+    with pytest.raises(Exception) as want:
+        call(attention, q, k, v)
+    with pytest.raises(type(want.value)) as got:
+        call(fn, q, k, v)
+    assert str(got.value) == str(want.value)
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+@pytest.mark.parametrize("padding", [False, True], ids=["no-padding", "left-padding"])
+@pytest.mark.parametrize("cls", ATTENTION_SCHEMES, ids=lambda c: c.__name__)
+def test_tiny_decoder_auto_equals_reference(cls, padding):
+    """The same model with attention_impl "auto" and "reference": same loss, same gradients
+    (float64; every parameter, the scheme's included)."""
+    results = []
+    idx = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(3))
+    for impl in ("auto", "reference"):
+        torch.manual_seed(0)
+        model = TinyDecoder(50, 16, H, 2, scheme=make_scheme(cls, head_dim=4), attention_impl=impl).double()
+        kw = {}
+        if padding:
+            mask = torch.ones(2, 12, dtype=torch.long)
+            mask[0, :3] = 0
+            kw = dict(attn_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+        logits = model(idx, **kw)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), idx.flatten())
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (loss_a, grads_a), (loss_r, grads_r) = results
+    tol = bound(torch.float64, 12, d=16)
+    torch.testing.assert_close(loss_a, loss_r, rtol=0, atol=tol)
+    assert grads_a.keys() == grads_r.keys()
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_r[name], rtol=0, atol=tol,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_multi_head_attention_impl_argument():
+    x = rand(2, 6, 16, dtype=torch.float32)
+    torch.manual_seed(0)
+    auto = MultiHeadAttention(16, H, ALiBi(H))
+    torch.manual_seed(0)
+    ref = MultiHeadAttention(16, H, ALiBi(H), attention_impl="reference")
+    assert auto.attention_impl == "auto" and ref.attention_impl == "reference"
+    torch.testing.assert_close(auto(x, causal=True), ref(x, causal=True), rtol=0, atol=bound(torch.float32, 6))
+    out, w = auto(x, causal=True, return_weights=True)  # always the reference
+    out_r, w_r = ref(x, causal=True, return_weights=True)
+    assert torch.equal(out, out_r) and torch.equal(w, w_r)
+    for bad in ("fast", None, "Auto"):
+        with pytest.raises(ValueError, match="attention_impl must be one of"):
+            MultiHeadAttention(16, H, attention_impl=bad)
+        with pytest.raises(ValueError, match="attention_impl must be one of"):
+            TinyDecoder(50, 16, H, 1, attention_impl=bad)
