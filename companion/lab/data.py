@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._checks import check_positive_int
+
 __all__ = ["KEY_OPEN", "KEY_CLOSE", "KEY_DIGITS", "QUERY_LEN", "random_digits", "write_key",
            "sample_batch", "windows"]
 
@@ -58,35 +60,56 @@ def sample_batch(
     generator: torch.Generator,
     *,
     retrieval_fraction: float = 0.0,
+    retrieval_queries: int = 1,
     rank: int = 0,
     world_size: int = 1,
 ) -> tuple[Tensor, Tensor]:
     """One training batch ``(inputs, targets)``, each ``(batch_size // world_size, seq_len)``.
 
     Draws the whole global batch of ``batch_size`` windows of ``seq_len + 1`` bytes (uniform
-    start positions), writes a key and a later query into each row with probability
-    ``retrieval_fraction``, and returns the rows ``rank::world_size`` of it (so every
-    process draws the same random numbers and the processes' rows partition the batch).
+    start positions), writes a key and ``retrieval_queries`` later queries of it into each
+    row with probability ``retrieval_fraction``, and returns the rows ``rank::world_size`` of
+    it (so every process draws the same random numbers and the processes' rows partition the
+    batch). The key and the queries never overlap: their start positions are drawn as sorted
+    uniform positions in the free space, then spread apart by the sizes of what precedes.
+
+    Raises:
+        TypeError: a size or ``rank`` that is not an int.
+        ValueError: a ``batch_size``, ``seq_len`` or ``world_size`` below 1, a ``rank``
+            outside ``[0, world_size)``, a ``batch_size`` that is not a multiple of
+            ``world_size``, data of at most ``seq_len + 1`` bytes, or a ``seq_len`` too short
+            for a key and its queries when
+            ``retrieval_fraction > 0``, or ``retrieval_queries < 1``.
     """
+    for name, value in (("batch_size", batch_size), ("seq_len", seq_len), ("world_size", world_size)):
+        check_positive_int(value, name)
+    check_positive_int(rank, "rank", 0)
+    if rank >= world_size:
+        raise ValueError(f"rank must lie in [0, world_size) = [0, {world_size}), got {rank}")
     if batch_size % world_size:
         raise ValueError(f"batch_size ({batch_size}) must be a multiple of world_size ({world_size})")
-    if seq_len < 2 * KEY_LEN and retrieval_fraction > 0:
-        raise ValueError(f"seq_len must be at least {2 * KEY_LEN} for the retrieval mix, got {seq_len}")
+    check_positive_int(retrieval_queries, "retrieval_queries")
+    need = KEY_LEN + retrieval_queries * QUERY_LEN
+    if seq_len + 1 < need and retrieval_fraction > 0:
+        raise ValueError(
+            f"seq_len must be at least {need - 1} for a key and {retrieval_queries} queries "
+            f"(retrieval_fraction > 0), got {seq_len}"
+        )
     n = data.size - seq_len - 1
     if n <= 0:
-        raise ValueError(f"the data ({data.size} bytes) is shorter than seq_len + 1 = {seq_len + 1}")
+        raise ValueError(f"the data ({data.size} bytes) must be longer than seq_len + 1 = {seq_len + 1}")
     starts = torch.randint(0, n, (batch_size,), generator=generator)
     rows = windows(data, starts, seq_len + 1)
     if retrieval_fraction > 0:
         chosen = torch.rand(batch_size, generator=generator) < retrieval_fraction
         digits = random_digits(batch_size, generator)
-        # key at k in [0, seq_len + 1 - KEY_LEN - QUERY_LEN], query at q in [k + KEY_LEN, end]
-        u = torch.rand(batch_size, 2, generator=generator)
-        last = seq_len + 1 - QUERY_LEN
+        free = seq_len + 1 - need  # bytes of text left around the key and the queries
+        u = torch.rand(batch_size, 1 + retrieval_queries, generator=generator)
+        sizes = torch.tensor([0, KEY_LEN] + [QUERY_LEN] * (retrieval_queries - 1))
         for i in torch.nonzero(chosen).flatten().tolist():
-            k = int(u[i, 0] * (last - KEY_LEN + 1))
-            q = k + KEY_LEN + int(u[i, 1] * (last - k - KEY_LEN + 1))
-            write_key(rows[i], k, digits[i])
-            write_key(rows[i], q, digits[i], close=False)
+            offsets = (u[i] * (free + 1)).long().clamp_max(free).sort().values + sizes.cumsum(0)
+            write_key(rows[i], int(offsets[0]), digits[i])
+            for at in offsets[1:].tolist():
+                write_key(rows[i], at, digits[i], close=False)
     rows = rows[rank::world_size]
     return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()

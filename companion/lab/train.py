@@ -5,7 +5,8 @@ scheme. It is seeded (the model's initial weights from ``seed``, the batches fro
 ``seed + 1``), so a run is reproducible on one machine and numeric configuration.
 
 **Distributed.** The same function runs unchanged under ``torchrun``: when the environment
-has ``WORLD_SIZE > 1`` it joins the process group (``gloo`` on CPU, ``nccl`` on GPUs), wraps
+has ``WORLD_SIZE > 1`` it joins the process group (``gloo``: the trainer keeps the model and
+the batches on the CPU, even where a GPU exists, and NCCL takes only GPU tensors), wraps
 the model in :class:`~torch.nn.parallel.DistributedDataParallel`, and each process takes
 ``batch_size / WORLD_SIZE`` rows of the same global batch (see
 :func:`companion.lab.data.sample_batch`). DDP averages the gradients over the processes, and
@@ -62,7 +63,8 @@ class TrainConfig:
     warmup: int = 100
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    retrieval_fraction: float = 0.25
+    retrieval_fraction: float = 0.5
+    retrieval_queries: int = 3
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
@@ -70,6 +72,7 @@ class TrainConfig:
             check_positive_int(getattr(self, name), name)
         check_positive_int(self.seed, "seed", 0)
         check_positive_int(self.warmup, "warmup", 0)
+        check_positive_int(self.retrieval_queries, "retrieval_queries")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})")
         if self.max_len < self.seq_len:
@@ -124,8 +127,9 @@ def _distributed() -> tuple[int, int]:
     if world <= 1:
         return 0, 1
     if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend)
+        # gloo, also on machines with a GPU: the model and batches stay on the CPU here, and
+        # NCCL refuses CPU tensors (DDP's first broadcast would fail).
+        dist.init_process_group("gloo")
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -195,7 +199,8 @@ def train(
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     for _ in range(start_step):  # replay the data stream up to the resumed step
         sample_batch(corpus.train, cfg.batch_size, cfg.seq_len, gen,
-                     retrieval_fraction=cfg.retrieval_fraction, rank=rank, world_size=world)
+                     retrieval_fraction=cfg.retrieval_fraction,
+                     retrieval_queries=cfg.retrieval_queries, rank=rank, world_size=world)
     bar = None
     if progress and rank == 0 and start_step < cfg.steps:
         from tqdm.auto import tqdm
@@ -204,7 +209,8 @@ def train(
     t0 = time.perf_counter()
     for step in range(start_step, cfg.steps):
         x, y = sample_batch(corpus.train, cfg.batch_size, cfg.seq_len, gen,
-                            retrieval_fraction=cfg.retrieval_fraction, rank=rank, world_size=world)
+                            retrieval_fraction=cfg.retrieval_fraction,
+                            retrieval_queries=cfg.retrieval_queries, rank=rank, world_size=world)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         logits = net(x)
