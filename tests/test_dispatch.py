@@ -76,7 +76,8 @@ def rand(*shape, dtype=torch.float64, seed=0, scale=1.0):
     return (scale * torch.randn(*shape, generator=g, dtype=torch.float64)).to(dtype)
 
 
-# Each configuration: (b, lq, lk, kv_heads, causal, mask kind, positions kind)
+# Each configuration: (b, lq, lk, kv_heads, causal, mask kind, positions kind); v_dim is D
+# except in "v-dim" (values narrower than queries and keys).
 CONFIGS = {
     "self-causal": (2, 9, 9, H, True, None, None),
     "self-bidirectional": (2, 9, 9, H, False, None, None),
@@ -90,6 +91,8 @@ CONFIGS = {
     "float-mask-causal": (2, 9, 9, H, True, "float", None),
     "int-mask-bidirectional": (2, 9, 9, H, False, "int", None),
     "shifted-positions": (2, 9, 9, H, True, None, "offset"),
+    "more-queries-causal": (2, 11, 7, H, True, None, None),
+    "v-dim": (2, 9, 9, 2, True, "padding", None),
 }
 
 
@@ -98,7 +101,7 @@ def build_case(config: str, dtype: torch.dtype, seed: int = 0):
     b, lq, lk, hk, causal, mask_kind, pos_kind = CONFIGS[config]
     q = rand(b, H, lq, D, dtype=dtype, seed=seed + 1).requires_grad_()
     k = rand(b, hk, lk, D, dtype=dtype, seed=seed + 2).requires_grad_()
-    v = rand(b, hk, lk, D, dtype=dtype, seed=seed + 3).requires_grad_()
+    v = rand(b, hk, lk, 5 if config == "v-dim" else D, dtype=dtype, seed=seed + 3).requires_grad_()
     q_pos = k_pos = None
     keep = torch.ones(b, lk, dtype=torch.bool)
     keep[0, :2] = False  # row 0 is left-padded by two keys
@@ -133,8 +136,14 @@ def run(fn, scheme, q, k, v, q_pos, k_pos, mask, causal, upstream):
 def check_against_reference(scheme, config, dtype, seed=0):
     q, k, v, q_pos, k_pos, mask, causal = build_case(config, dtype, seed)
     path = attention_path(q, k, v, scheme, q_pos, k_pos, causal=causal, attn_mask=mask)
-    upstream = rand(q.shape[0], H, q.shape[2], D, dtype=dtype, seed=seed + 9)
-    ref, ref_grads = run(attention, scheme, q, k, v, q_pos, k_pos, mask, causal, upstream)
+    upstream = rand(q.shape[0], H, q.shape[2], v.shape[-1], dtype=dtype, seed=seed + 9)
+    try:
+        ref, ref_grads = run(attention, scheme, q, k, v, q_pos, k_pos, mask, causal, upstream)
+    except ValueError as err:  # a scheme that cannot take this case (Shaw with another v_dim)
+        with pytest.raises(ValueError) as got:
+            run(fast_attention, scheme, q, k, v, q_pos, k_pos, mask, causal, upstream)
+        assert str(got.value) == str(err)
+        return path
     out, grads = run(fast_attention, scheme, q, k, v, q_pos, k_pos, mask, causal, upstream)
     tol = bound(dtype, k.shape[2])
     assert out.dtype == ref.dtype and out.shape == ref.shape
