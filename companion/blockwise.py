@@ -400,7 +400,9 @@ def bias_attention(
         causal: mask keys whose position is later than the query's (by position, so
             ``q_len < k_len`` KV-cache decoding and per-row positions work). A ``bool``.
         block_size: tile size, an int or ``(block_q, block_k)``, each ``>= 1``. The default
-            512 keeps one float32 logits tile at 1 MiB per (batch, head) pair.
+            512 keeps one float32 logits tile at 1 MiB per (batch, head) pair. With many
+            (batch, head) pairs smaller tiles run faster on CPU; the dispatcher's choice
+            is :func:`companion.dispatch.block_size_for`.
         scale: logit scale, a finite number > 0, default ``1 / sqrt(head_dim)``; it
             multiplies ``q k^T`` only.
         q_pos, k_pos: integer positions as in :func:`~companion.attention.attention` (default: keys at

@@ -71,6 +71,7 @@ per forward pass.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -88,7 +89,7 @@ from .attention import (
     attention,
     causal_mask,
 )
-from .blockwise import bias_attention
+from .blockwise import _as4d, bias_attention
 
 __all__ = [
     "ATTENTION_PATHS",
@@ -164,12 +165,7 @@ def _choose(pro: _Prologue, scheme: PositionScheme, q: Tensor, k: Tensor, v: Ten
     per_row = pro.q_pos.dim() == 2 or pro.k_pos.dim() == 2
     pairs = pro.q_len * pro.k_len
     if "bias" in hooks:
-        rows = pro.batch if per_row else 1
-        for m in (pro.allowed, add):
-            if m is not None and m.dim() == 4 and m.shape[0] != 1:
-                rows = pro.batch
-        itemsize = torch.finfo(pro.work).bits // 8
-        if rows * pro.heads * pairs * itemsize > SDPA_MASK_BYTES:
+        if _mask_bytes(pro, per_row, with_bias=True) > SDPA_MASK_BYTES:
             return "blockwise"
         limit = SDPA_GRAD_BIAS_PAIRS if _bias_needs_grad(scheme) else SDPA_BIAS_PAIRS
         return "sdpa-bias" if pairs <= limit else "blockwise"
@@ -177,15 +173,26 @@ def _choose(pro: _Prologue, scheme: PositionScheme, q: Tensor, k: Tensor, v: Ten
         start = contiguous_start(pro.q_pos)
         if start is not None and start == contiguous_start(pro.k_pos):
             return "sdpa-causal"
-    mask_rows = pro.batch if per_row else 1
-    if (pro.causal or pro.allowed is not None or add is not None) and mask_rows * pairs * 4 > SDPA_MASK_BYTES:
+    if _mask_bytes(pro, per_row, with_bias=False) > SDPA_MASK_BYTES:
         return "blockwise"
     return "sdpa-mask"
 
 
-def _as4d(mask: Tensor) -> Tensor:
-    """SDPA's fused CPU kernel takes a 4-D mask only (a 3-D one falls back to the slow one)."""
-    return mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+def _mask_bytes(pro: _Prologue, per_row: bool, with_bias: bool) -> int:
+    """The size of the mask :func:`_sdpa_mask` would build: the broadcast of the causal mask
+    ``(batch | 1, 1, q_len, k_len)``, the bias ``(batch | 1, heads, q_len, k_len)`` and
+    ``attn_mask``; bool unless a bias or a float mask is part of it; 0 if there is none."""
+    rows = pro.batch if per_row else 1
+    shapes = [tuple(_as4d(m).shape) for m in (pro.allowed, pro.additive) if m is not None]
+    if pro.causal:
+        shapes.append((rows, 1, pro.q_len, pro.k_len))
+    if with_bias:
+        shapes.append((rows, pro.heads, pro.q_len, pro.k_len))
+    if not shapes:
+        return 0
+    floating = with_bias or pro.additive is not None
+    itemsize = torch.finfo(pro.work).bits // 8 if floating else 1
+    return math.prod(torch.broadcast_shapes(*shapes)) * itemsize
 
 
 def _visible(pro: _Prologue) -> Tensor | None:

@@ -251,6 +251,11 @@ def test_path_respects_the_mask_budget(monkeypatch):
     assert attention_path(q, k, v, NoPE(), causal=True) == "sdpa-causal"  # builds no mask
     assert attention_path(q, k, v, NoPE(), causal=False) == "sdpa-mask"  # nor does this
     assert attention_path(q, k, v, NoPE(), per_row, per_row, causal=True) == "blockwise"
+    monkeypatch.setattr(dispatch, "SDPA_MASK_BYTES", 64)  # one (8, 8) bool mask
+    shared_pad, row_pad = torch.ones(1, 1, 1, 8, dtype=torch.bool), torch.ones(2, 1, 1, 8, dtype=torch.bool)
+    assert attention_path(q, k, v, NoPE(), causal=True, attn_mask=shared_pad) == "sdpa-mask"
+    assert attention_path(q, k, v, NoPE(), causal=True, attn_mask=row_pad) == "blockwise"  # (2, 1, 8, 8)
+    assert attention_path(q, k, v, NoPE(), causal=True, attn_mask=shared_pad.float()) == "blockwise"  # float32
 
 
 def test_path_reference_cases():
