@@ -106,6 +106,7 @@ class MultiHeadAttention(nn.Module):
         :func:`companion.dispatch.fast_attention`); ``None`` builds them per call.
         """
         x = self._check_input(x)
+        return_weights = check_bool(return_weights, "return_weights")
         b, n, _ = x.shape
         pos = as_positions(pos, "pos", n, b, x.device)
         q = self._split(self.q_proj(x), self.n_heads)

@@ -425,6 +425,8 @@ def test_multi_head_attention_impl_argument():
     out, w = auto(x, causal=True, return_weights=True)  # always the reference
     out_r, w_r = ref(x, causal=True, return_weights=True)
     assert torch.equal(out, out_r) and torch.equal(w, w_r)
+    with pytest.raises(TypeError, match="return_weights must be a bool"):
+        auto(x, causal=True, return_weights=0)  # checked on the fast path too
     for bad in ("fast", None, "Auto"):
         with pytest.raises(ValueError, match="attention_impl must be one of"):
             MultiHeadAttention(16, H, attention_impl=bad)

@@ -510,7 +510,8 @@ def test_every_public_callable_is_covered():
     covered = {
         "ALiBi", "LearnedPositionalEmbedding", "MultiHeadAttention", "NoPE", "ScaledSinusoidalEmbedding",
         "ShawRelative", "SinusoidalEmbedding", "T5RelativeBias", "TinyDecoder", "TransformerXL", "alibi_bias",
-        "alibi_slopes", "attention", "bias_attention", "causal_mask", "load_result", "relative_positions",
+        "alibi_slopes", "attention", "attention_path", "bias_attention", "causal_mask", "fast_attention",
+        "load_result", "relative_positions",
         "save_result", "shaw_score", "shaw_values", "sinusoidal_encoding", "sinusoidal_relative_table",
         "sinusoidal_table", "t5_relative_position_bucket", "transformer_xl_score",
     }

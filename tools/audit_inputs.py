@@ -391,11 +391,13 @@ def mask_cases() -> None:
     tri = torch.ones(lq, lk, dtype=torch.bool).tril(1)
     paths = {
         "attention": lambda m, causal=False: companion.attention(q, k, v, causal=causal, attn_mask=m),
+        "fast_attention-alibi": lambda m, causal=False: companion.fast_attention(q, k, v, ALiBi(4), causal=causal, attn_mask=m),
         "bias_attention-bs2": lambda m, causal=False: companion.bias_attention(q, k, v, ALiBi(4), causal=causal, attn_mask=m, block_size=2),
         "bias_attention-bs(3,5)": lambda m, causal=False: companion.bias_attention(q, k, v, None, causal=causal, attn_mask=m, block_size=(3, 5)),
     }
     refs = {
         "attention": lambda allowed=None, additive=None, causal=False: ref_attention(q, k, v, allowed=allowed, additive=additive, causal=causal),
+        "fast_attention-alibi": lambda allowed=None, additive=None, causal=False: ref_attention(q, k, v, bias=alibi_ref_bias(4), allowed=allowed, additive=additive, causal=causal),
         "bias_attention-bs2": lambda allowed=None, additive=None, causal=False: ref_attention(q, k, v, bias=alibi_ref_bias(4), allowed=allowed, additive=additive, causal=causal),
         "bias_attention-bs(3,5)": lambda allowed=None, additive=None, causal=False: ref_attention(q, k, v, allowed=allowed, additive=additive, causal=causal),
     }
@@ -594,6 +596,7 @@ def position_cases() -> None:
     A, B, F = companion.attention, companion.bias_attention, kernels.flash_attention_with_bias
     att = {
         "attention": lambda **kw: A(q, k, v, ALiBi(2), causal=True, **kw),
+        "fast_attention": lambda **kw: companion.fast_attention(q, k, v, ALiBi(2), causal=True, **kw),
         "bias_attention": lambda **kw: B(q, k, v, ALiBi(2), causal=True, block_size=3, **kw),
         "flash": lambda **kw: F(q, k, v, bias="alibi", causal=True, **kw),
     }
@@ -657,12 +660,14 @@ def shape_cases() -> None:
     for (b, lq, lk) in ((0, 4, 4), (2, 0, 4), (2, 4, 0), (0, 0, 0)):
         q, k, v = qkv(b=b, h=2, lq=lq, lk=lk, d=16)
         for pname, fn in (("attention", lambda q=q, k=k, v=v: A(q, k, v, ALiBi(2), causal=True)),
+                          ("fast_attention", lambda q=q, k=k, v=v: companion.fast_attention(q, k, v, ALiBi(2), causal=True)),
                           ("bias_attention", lambda q=q, k=k, v=v: B(q, k, v, ALiBi(2), causal=True)),
                           ("flash", lambda q=q, k=k, v=v: F(q, k, v, bias="alibi", causal=True)),
                           ("flash t5", lambda q=q, k=k, v=v: F(q, k, v, bias="t5", t5=T5RelativeBias(2)).detach())):
             good("shapes", f"{pname} b={b} lq={lq} lk={lk}", fn, lambda b=b, lq=lq: torch.zeros(b, 2, lq, 16))
     q, k, v = qkv(d=8)
-    for pname, fn in (("attention", A), ("bias_attention", B), ("flash", F)):
+    for pname, fn in (("attention", A), ("fast_attention", companion.fast_attention), ("attention_path", companion.attention_path),
+                      ("bias_attention", B), ("flash", F)):
         bad("shapes", f"{pname} head_dim 0", lambda fn=fn: fn(*qkv(d=0)), "head_dim")
         bad("shapes", f"{pname} k head_dim 7", lambda fn=fn: fn(q, k[..., :7], v), "head_dim")
         bad("shapes", f"{pname} v batch 1", lambda fn=fn: fn(q, k, v[:1]), "v")
@@ -758,7 +763,8 @@ def number_cases() -> None:
     A, B, F = companion.attention, companion.bias_attention, kernels.flash_attention_with_bias
     inv = companion.rope_frequencies(8)
     floats = {
-        "scale": [("attention", lambda x: A(q, k, v, scale=x)), ("bias_attention", lambda x: B(q, k, v, scale=x)),
+        "scale": [("attention", lambda x: A(q, k, v, scale=x)), ("fast_attention", lambda x: companion.fast_attention(q, k, v, scale=x)),
+                  ("bias_attention", lambda x: B(q, k, v, scale=x)),
                   ("flash", lambda x: F(q, k, v, scale=x))],
         "max_bias": [("alibi_slopes", lambda x: companion.alibi_slopes(4, max_bias=x)), ("ALiBi", lambda x: ALiBi(4, max_bias=x))],
         "base": [("rope_frequencies", lambda x: companion.rope_frequencies(8, x)), ("RotaryEmbedding", lambda x: RotaryEmbedding(8, base=x)),
@@ -860,11 +866,13 @@ def dtype_cases() -> None:
     for d, tol in ((torch.float16, 3e-3), (torch.bfloat16, 3e-2), (torch.float64, 1e-12)):
         q, k, v = qkv(b=1, h=2, lq=5, lk=5, d=16, dtype=d)
         for pname, fn in (("attention", lambda q=q, k=k, v=v: A(q, k, v, ALiBi(2), causal=True)),
+                          ("fast_attention", lambda q=q, k=k, v=v: companion.fast_attention(q, k, v, ALiBi(2), causal=True)),
                           ("bias_attention", lambda q=q, k=k, v=v: B(q, k, v, ALiBi(2), causal=True, block_size=2)),
                           ("flash", lambda q=q, k=k, v=v: F(q, k, v, bias="alibi", causal=True))):
             good("dtypes", f"{pname} {d}", fn, lambda q=q, k=k, v=v: ref_attention(q, k, v, bias=alibi_ref_bias(2), causal=True), atol=tol, rtol=tol)
     q, k, v = qkv(b=1, h=2, lq=4, lk=4, d=16)
-    for pname, fn in (("attention", A), ("bias_attention", B), ("flash", F)):
+    for pname, fn in (("attention", A), ("fast_attention", companion.fast_attention), ("attention_path", companion.attention_path),
+                      ("bias_attention", B), ("flash", F)):
         bad("dtypes", f"{pname} q fp32, k fp64", lambda fn=fn: fn(q, k.double(), v), ("dtype", "q, k, v"))
         bad("dtypes", f"{pname} v bf16", lambda fn=fn: fn(q, k, v.bfloat16()), ("dtype", "q, k, v"))
         bad("dtypes", f"{pname} int q, k, v", lambda fn=fn: fn(q.long(), k.long(), v.long()), ("dtype", "q, k, v"))
@@ -938,9 +946,11 @@ def flag_and_layout_cases() -> None:
     cos, sin = tables()
     flags = {"'False'": "False", "'True'": "True", "0": 0, "1": 1, "None": None, "np.bool_": np.bool_(True), "tensor": torch.tensor(True)}
     calls = {
-        "causal": [("attention", lambda x: A(q, k, v, causal=x)), ("bias_attention", lambda x: B(q, k, v, causal=x)),
+        "causal": [("attention", lambda x: A(q, k, v, causal=x)), ("fast_attention", lambda x: companion.fast_attention(q, k, v, causal=x)),
+                   ("bias_attention", lambda x: B(q, k, v, causal=x)),
                    ("flash", lambda x: F(q, k, v, causal=x)), ("MultiHeadAttention", lambda x: MultiHeadAttention(8, 2)(torch.zeros(1, 3, 8), causal=x))],
-        "return_weights": [("attention", lambda x: A(q, k, v, return_weights=x)), ("MultiHeadAttention", lambda x: MultiHeadAttention(8, 2)(torch.zeros(1, 3, 8), return_weights=x))],
+        "return_weights": [("attention", lambda x: A(q, k, v, return_weights=x)), ("fast_attention", lambda x: companion.fast_attention(q, k, v, return_weights=x)),
+                           ("MultiHeadAttention", lambda x: MultiHeadAttention(8, 2)(torch.zeros(1, 3, 8), return_weights=x))],
         "inplace": [("apply_rope", lambda x: companion.apply_rope(Q.clone(), K.clone(), cos, sin, inplace=x)),
                     ("fused_rope", lambda x: kernels.fused_rope(Q.clone(), K.clone(), cos, sin, inplace=x)),
                     ("rope_rotate", lambda x: companion.rope_rotate(Q.clone(), cos, sin, inplace=x))],
@@ -1065,6 +1075,7 @@ def aliasing_cases() -> None:
          lambda: (ref_rope(x, torch.arange(4)), ref_rope(x, torch.arange(4))), inputs=(x,))
     q, k, v = qkv(b=1, h=2, lq=4, lk=4, d=16)
     for pname, fn in (("attention", lambda a, b, c: companion.attention(a, b, c, ALiBi(2), causal=True)),
+                      ("fast_attention", lambda a, b, c: companion.fast_attention(a, b, c, ALiBi(2), causal=True)),
                       ("bias_attention", lambda a, b, c: companion.bias_attention(a, b, c, ALiBi(2), causal=True, block_size=3)),
                       ("flash", lambda a, b, c: kernels.flash_attention_with_bias(a, b, c, bias="alibi", causal=True))):
         good("aliasing", f"{pname} q is k is v", lambda fn=fn: fn(q, q, q), lambda: ref_attention(q, q, q, bias=alibi_ref_bias(2), causal=True), inputs=(q,))
@@ -1088,6 +1099,7 @@ def nan_cases() -> None:
     t5 = T5RelativeBias(2, 16, 20)
     paths = {
         "attention": (lambda q, k, v, **kw: A(q, k, v, ALiBi(2), **kw), alibi_ref_bias(2)),
+        "fast_attention": (lambda q, k, v, **kw: companion.fast_attention(q, k, v, ALiBi(2), **kw), alibi_ref_bias(2)),
         "bias_attention-bs1": (lambda q, k, v, **kw: B(q, k, v, ALiBi(2), block_size=1, **kw), alibi_ref_bias(2)),
         "bias_attention-bs4": (lambda q, k, v, **kw: B(q, k, v, ALiBi(2), block_size=4, **kw), alibi_ref_bias(2)),
         "flash-alibi": (lambda q, k, v, **kw: F(q, k, v, bias="alibi", **kw), alibi_ref_bias(2)),
