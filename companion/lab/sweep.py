@@ -97,8 +97,15 @@ def run_sweep(
     workers: int = 2,
     checkpoint_dir: str | None = None,
     command: str | None = None,
+    verbose: bool = True,
 ) -> dict[str, Any]:
-    """Run every config's job in ``workers`` processes; save and return ``{"runs": [...]}``."""
+    """Run every config's job in ``workers`` processes; save and return the result.
+
+    The result has ``runs`` (one record per config, in order), ``eval_config``,
+    ``wall_seconds``, ``workers`` and ``corpus``; with ``out`` it is saved with
+    :func:`~companion.utils.save_result` (provenance included), otherwise its provenance is
+    added under ``"provenance"``. ``verbose`` prints a line as each job finishes.
+    """
     t0 = time.perf_counter()
     jobs = [(asdict(c), asdict(ev), checkpoint_dir) for c in configs]
     if workers <= 1:
@@ -108,8 +115,9 @@ def run_sweep(
             runs = []
             for i, r in enumerate(pool.imap(_worker, jobs)):
                 runs.append(r)
-                print(f"[{i + 1}/{len(jobs)}] {r['config']['scheme']} seed {r['config']['seed']}: "
-                      f"train {r['seconds']:.0f} s, eval {r['eval_seconds']:.0f} s", flush=True)
+                if verbose:
+                    print(f"[{i + 1}/{len(jobs)}] {r['config']['scheme']} seed {r['config']['seed']}: "
+                          f"train {r['seconds']:.0f} s, eval {r['eval_seconds']:.0f} s", flush=True)
     result = {
         "eval_config": asdict(ev),
         "runs": runs,
