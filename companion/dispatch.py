@@ -31,9 +31,9 @@ path               when
                    tile at a time, with tiles sized by :func:`block_size_for`
 =================  =======================================================================
 
-The thresholds were measured on the book's machine (one thread, batch 8, 4 heads, head
-dim 16, causal, forward plus backward, ``L = 128 .. 2048``; the times below are multiples
-of SDPA with ``is_causal`` at the same length):
+The thresholds were measured on the book's machine by ``benchmarks/attention_paths_cpu.py``
+(one thread, batch 8, 4 heads, head dim 16, causal, forward plus backward, ``L = 128 ..
+2048``; the times below are multiples of SDPA with ``is_causal`` at the same length):
 
 ==========================  =====  =====  =====  =====  =====
 ``L``                         128    256    512   1024   2048
@@ -44,9 +44,12 @@ T5, SDPA float mask          2.56   3.19   3.34   4.42   5.97
 T5, blockwise                2.98   2.45   1.81   1.51   1.71
 ==========================  =====  =====  =====  =====  =====
 
-* A bias without a gradient (ALiBi) is fastest as an SDPA float mask up to ``L = 512``,
-  and blockwise from ``L = 1024`` on, where building and reading the ``L x L`` mask costs
-  more than the tiles.
+* A bias without a gradient (ALiBi) is fastest as an SDPA float mask up to ``L = 512``;
+  at ``L = 1024`` the two paths are within about 15% of each other (which one wins varies
+  from run to run: 1.60 against 1.71 in a second run), and from ``L = 2048`` on the
+  blockwise path wins, where building and reading the ``L x L`` mask costs more than the
+  tiles. Past ``512 ** 2`` pairs the blockwise path is taken, which also never holds the
+  mask.
 * A bias with a gradient (T5's table) makes SDPA fall back to its unfused math kernel,
   which builds several ``L x L`` tensors per head; the blockwise path is faster from
   ``L = 256`` on.
@@ -58,7 +61,7 @@ T5, blockwise                2.98   2.45   1.81   1.51   1.71
 Precision follows the reference: float16 and bfloat16 inputs are computed in float32 and
 the output cast back; float32 and float64 run in their own dtype. On the SDPA paths a
 query that may attend no key gets a zero output and zero gradients, as in the reference
-(torch's CPU kernels do this; the tests check it). NaN and infinite values take the
+(torch's CPU kernels do this, and the tests check it; other devices are not checked). NaN and infinite values take the
 reference, whose rule (a query sees only the non-finite values of the keys it may attend)
 SDPA does not keep.
 
