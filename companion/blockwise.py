@@ -36,8 +36,8 @@ from .attention import PositionScheme, _prologue, causal_mask
 
 __all__ = ["BiasFn", "bias_attention"]
 
-#: A bias function: ``bias_fn(q_pos_tile, k_pos_tile)`` returns a tensor that broadcasts to
-#: ``(batch, heads, tile_q, tile_k)``, or ``None``.
+#: The type of a bias function ``bias_fn(q_pos_tile, k_pos_tile)``, which returns a tensor
+#: that broadcasts to ``(batch, heads, tile_q, tile_k)``, or ``None``.
 BiasFn = Callable[[Tensor, Tensor], "Tensor | None"]
 
 

@@ -108,15 +108,16 @@ __all__ = [
 ATTENTION_PATHS: tuple[str, ...] = ("sdpa-causal", "sdpa-mask", "sdpa-bias", "blockwise", "reference")
 
 #: The largest mask (in bytes) the SDPA paths build; a larger one takes the blockwise path,
-#: which never holds an ``L x L`` tensor. 256 MiB: a float32 mask of 4 heads at ``L = 4096``.
+#: which never holds an ``L x L`` tensor. 256 MiB is a float32 mask of 4 heads at ``L = 4096``.
 SDPA_MASK_BYTES = 1 << 28
 
 #: The most ``q_len * k_len`` pairs for which a bias without a gradient (ALiBi) takes the
-#: SDPA float mask rather than the blockwise path: ``512 ** 2`` (measured, module docstring).
+#: SDPA float mask rather than the blockwise path, ``512 ** 2`` (measured, see the module
+#: docstring).
 SDPA_BIAS_PAIRS = 1 << 18
 
-#: The same for a bias with a gradient (T5's table): ``128 ** 2`` (SDPA's math kernel is
-#: faster at ``L = 128``, the blockwise path from ``L = 256`` on).
+#: The same limit for a bias with a gradient (T5's table), ``128 ** 2``, since SDPA's math
+#: kernel is faster at ``L = 128`` and the blockwise path from ``L = 256`` on.
 SDPA_GRAD_BIAS_PAIRS = 1 << 14
 
 

@@ -18,7 +18,7 @@ from .dispatch import fast_attention
 
 __all__ = ["ATTENTION_IMPLS", "MultiHeadAttention", "TinyDecoder"]
 
-#: The values of ``attention_impl``: ``"auto"`` (:func:`companion.dispatch.fast_attention`,
+#: The values ``attention_impl`` takes, ``"auto"`` (:func:`companion.dispatch.fast_attention`,
 #: the fastest correct path per scheme) or ``"reference"`` (:func:`companion.attention.attention`).
 ATTENTION_IMPLS: tuple[str, ...] = ("auto", "reference")
 
