@@ -93,22 +93,43 @@ def sliding_bits_per_byte(
     *,
     stride_fraction: float = 0.25,
     scored_tokens: int = 1 << 13,
+    regions: int = 8,
     tokens_per_batch: int = 1 << 14,
 ) -> dict[int, float]:
-    """Sliding-window evaluation: ``{W: bits}``, scoring the last ``S = W * stride_fraction``
-    positions of windows that start ``S`` bytes apart, ``scored_tokens // S`` windows each."""
+    """Sliding-window evaluation: ``{W: bits}``, the same bytes scored at every length.
+
+    The scored bytes are ``regions`` stretches of ``scored_tokens // regions`` bytes each,
+    spread evenly over ``data`` after its first ``max(lengths)`` bytes, and they are the same
+    for every ``W`` whose stride divides the stretch (all powers of two up to it, as in the
+    book), so the lengths are compared on identical text. Each stretch is covered by windows
+    of ``W + 1`` bytes that end ``S = W * stride_fraction`` bytes apart; each window scores
+    only its last ``S`` predictions, so every scored byte is predicted from between
+    ``W - S + 1`` and ``W`` bytes of context. Where a stride does not divide the stretch,
+    the first ``(stretch // S) * S`` bytes of each stretch are scored (at least one window).
+    """
     model.eval()
+    lengths = [int(w) for w in lengths]
+    if not 0 < stride_fraction <= 1:
+        raise ValueError(f"stride_fraction must lie in (0, 1], got {stride_fraction}")
+    span = scored_tokens // regions
+    longest = max(lengths)
+    # the scored bytes of a stretch end at most this far after its start
+    reach = max([span] + [max(1, int(w * stride_fraction)) for w in lengths])
+    free = data.size - longest - reach - 1
+    if span < 1 or free < 0:
+        raise ValueError(
+            f"data ({data.size} bytes) too short for {regions} scored stretches of {span} bytes "
+            f"after a context of {longest}"
+        )
+    region_starts = longest + torch.from_numpy(np.linspace(0, free, regions).astype(np.int64))
     result = {}
     for w in lengths:
         stride = max(1, int(w * stride_fraction))
-        count = max(1, scored_tokens // stride)
-        first = 0
-        starts = first + stride * torch.arange(count, dtype=torch.int64)
-        if int(starts[-1]) + w + 1 > data.size:
-            raise ValueError(f"data ({data.size} bytes) too short for {count} windows of {w + 1} at stride {stride}")
-        rows = windows(data, starts, w + 1)
+        # a window scores the predictions of bytes (end - stride, end]; its first byte is end - w
+        ends = (region_starts[:, None] + stride * torch.arange(1, max(1, span // stride) + 1)).flatten()
+        rows = windows(data, ends - w, w + 1)
         bits = _token_bits(model, rows, _rows_per_batch(w, tokens_per_batch))
-        result[int(w)] = float(bits[:, -stride:].mean())
+        result[w] = float(bits[:, -stride:].mean())
     return result
 
 

@@ -134,11 +134,11 @@ def _distributed() -> tuple[int, int]:
 
 
 def _save(path: Path, model: TinyDecoder, opt: torch.optim.Optimizer, cfg: TrainConfig, step: int,
-          log: list[dict[str, float]], info: dict[str, Any]) -> None:
+          log: list[dict[str, float]], info: dict[str, Any], seconds: float) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     torch.save({"config": asdict(cfg), "step": step, "model": model.state_dict(),
-                "optimizer": opt.state_dict(), "log": log, "info": info}, tmp)
+                "optimizer": opt.state_dict(), "log": log, "info": info, "seconds": seconds}, tmp)
     os.replace(tmp, path)
 
 
@@ -176,8 +176,9 @@ def train(
 
     Returns:
         ``(model, record)``; ``record`` has ``config``, ``log`` (``step``, ``lr``, ``loss``
-        in bits per byte), ``parameters``, ``seconds``, ``world_size``, ``tokens_per_second``
-        and ``provenance``.
+        in bits per byte), ``parameters``, ``seconds`` (training time, including the time
+        a resumed checkpoint had already spent), ``world_size``, ``tokens_per_second`` and
+        ``provenance``.
     """
     rank, world = _distributed()
     if cfg.batch_size % world:
@@ -185,7 +186,7 @@ def train(
     model = build_model(cfg)
     opt = _optimizer(model, cfg)
     log: list[dict[str, float]] = []
-    start_step = 0
+    start_step, prior_seconds = 0, 0.0
     path = None if checkpoint is None else Path(checkpoint)
     if path is not None and path.exists():
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
@@ -193,6 +194,7 @@ def train(
             model.load_state_dict(ckpt["model"])
             opt.load_state_dict(ckpt["optimizer"])
             start_step, log = int(ckpt["step"]), list(ckpt["log"])
+            prior_seconds = float(ckpt.get("seconds", 0.0))
     net: torch.nn.Module = model
     if world > 1:
         net = torch.nn.parallel.DistributedDataParallel(model)
@@ -229,7 +231,8 @@ def train(
                 bar.set_postfix(bpb=f"{log[-1]['loss']:.3f}")
         if bar is not None:
             bar.update(1)
-    seconds = time.perf_counter() - t0
+    new_seconds = time.perf_counter() - t0
+    seconds = prior_seconds + new_seconds
     if bar is not None:
         bar.close()
     record = {
@@ -238,11 +241,11 @@ def train(
         "parameters": sum(p.numel() for p in model.parameters()),
         "seconds": seconds,
         "world_size": world,
-        "tokens_per_second": (cfg.steps - start_step) * cfg.batch_size * cfg.seq_len / max(seconds, 1e-9),
+        "tokens_per_second": cfg.steps * cfg.batch_size * cfg.seq_len / max(seconds, 1e-9),
         "provenance": {**provenance(), "corpus": corpus.info},
     }
     if path is not None and rank == 0:
-        _save(path, model, opt, cfg, cfg.steps, log, {"corpus": corpus.info})
+        _save(path, model, opt, cfg, cfg.steps, log, {"corpus": corpus.info}, seconds)
     if world > 1:
         dist.barrier()
     return model.eval(), record
