@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from dataclasses import asdict, fields
+from dataclasses import fields
 
 import torch
 

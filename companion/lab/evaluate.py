@@ -27,7 +27,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..attention import attention
 from ..model import TinyDecoder
 from .data import KEY_DIGITS, KEY_LEN, QUERY_LEN, random_digits, windows, write_key
 
@@ -230,16 +229,12 @@ def attention_entropy(
             pos = torch.arange(w)
             x = model.scheme.embed(model.tok(row), pos)
             for li, block in enumerate(model.blocks):
-                h = block.ln1(x)
-                att = block.attn
-                q = att._split(att.q_proj(h), att.n_heads)
-                k = att._split(att.k_proj(h), att.n_kv_heads)
-                v = att._split(att.v_proj(h), att.n_kv_heads)
-                out, weights = attention(q, k, v, att.scheme, pos, pos, causal=True, return_weights=True)
+                # the block's own attention layer, on the reference path (it returns weights)
+                out, weights = block.attn(block.ln1(x), pos, causal=True, return_weights=True)
                 wt = weights[..., -min(tail, w):, :].float()
                 ent = -(wt * torch.log2(wt.clamp_min(1e-30))).sum(-1)
                 per_layer[li] += ent.mean() / rows.shape[0]
-                x = x + att.o_proj(out.transpose(1, 2).reshape(1, w, att.d_model))
+                x = x + out
                 x = x + block.mlp(block.ln2(x))
         result[int(w)] = [float(e) for e in per_layer]
     return result
