@@ -7,7 +7,7 @@ attention that honours them all.
 
 The main names are re-exported here; each family lives in its own module:
 :mod:`companion.absolute`, :mod:`companion.relative`, :mod:`companion.rope`,
-:mod:`companion.alibi`. Every attention path is in one of three modules:
+:mod:`companion.alibi`, and RoPE's context-extension methods in :mod:`companion.scaling`. Every attention path is in one of three modules:
 :mod:`companion.attention` (the protocol and the reference), :mod:`companion.blockwise`
 (memory-lean attention with a bias, one tile at a time) and :mod:`companion.dispatch`
 (:func:`~companion.dispatch.fast_attention`, which picks the fastest correct path for a
@@ -56,6 +56,7 @@ from .rope import (
     rope_rotate,
     rotate_half,
 )
+from .scaling import ROPE_TYPES, compute_inv_freq, parse_rope_config, rope_parameters_from_legacy
 from .utils import load_result, peak_tensor_bytes, provenance, save_result, seed_everything
 
 __version__ = "0.1.0"
@@ -81,6 +82,7 @@ __all__ = [
     "MultiHeadAttention",
     "NoPE",
     "PositionScheme",
+    "ROPE_TYPES",
     "RotaryEmbedding",
     "SCHEMES",
     "ScaledSinusoidalEmbedding",
@@ -96,11 +98,13 @@ __all__ = [
     "attention_path",
     "bias_attention",
     "causal_mask",
+    "compute_inv_freq",
     "convert_layout",
     "convert_qk_weight",
     "fast_attention",
     "layout_permutation",
     "load_result",
+    "parse_rope_config",
     "peak_tensor_bytes",
     "positions_from_mask",
     "provenance",
@@ -108,6 +112,7 @@ __all__ = [
     "relative_positions",
     "rope_cos_sin",
     "rope_frequencies",
+    "rope_parameters_from_legacy",
     "rope_rotate",
     "rotate_half",
     "save_result",

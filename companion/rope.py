@@ -36,9 +36,10 @@ bit in float32) is spelled out in its docstring.
 
 from __future__ import annotations
 
+import copy
 import numbers
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -591,6 +592,22 @@ def apply_rope(
 # ----------------------------------------------------------------------------- the scheme
 
 
+def _parse_rope_config(rope_config: Mapping[str, Any], head_dim: int, rotary_dim: int | None,
+                       max_position_embeddings: int | None):  # -> companion.scaling.RopeSpec
+    """Parse a scaling config for a scheme whose ``rotary_dim`` may be given (or ``None``)."""
+    from .scaling import parse_rope_config
+
+    fraction = 1.0 if rotary_dim is None or rotary_dim == head_dim else rotary_dim / head_dim
+    spec = parse_rope_config(rope_config, head_dim, max_position_embeddings=max_position_embeddings,
+                             partial_rotary_factor=fraction)
+    if rotary_dim is not None and spec.dim != rotary_dim:
+        raise ValueError(
+            f"rotary_dim={rotary_dim} disagrees with the config's rotary dimension {spec.dim} "
+            f"(int(head_dim * partial_rotary_factor)); pass one of them"
+        )
+    return spec
+
+
 class RotaryEmbedding(PositionScheme):
     """RoPE as a position scheme: the ``rotate`` hook, with a cos/sin cache that grows on demand.
 
@@ -614,6 +631,19 @@ class RotaryEmbedding(PositionScheme):
             (what a scaling method such as YaRN or Llama-3 produces).
         attention_scaling: factor multiplying both tables (HuggingFace's ``attention_scaling``,
             YaRN's attention factor); 1 for plain RoPE.
+        rope_config: a context-extension config instead of ``base``/``inv_freq``: a
+            HuggingFace ``rope_parameters`` or ``rope_scaling`` dict (``{"rope_type": "yarn",
+            "rope_theta": 10000, "factor": 4, ...}``), computed by
+            :func:`companion.scaling.compute_inv_freq`, attention factor included. Dynamic
+            types follow the length of each call as HuggingFace's forward pass does:
+            ``dynamic`` recomputes the base when ``max(position) + 1`` exceeds the longest
+            length seen so far, and returns to the original frequencies when it drops below
+            ``max_position_embeddings``; ``longrope`` takes its long factors when
+            ``max(position) + 1`` exceeds ``original_max_position_embeddings``, its short ones
+            otherwise. A partial ``rotary_dim`` is ``partial_rotary_factor`` there.
+        max_position_embeddings: the model's ``max_position_embeddings``, for ``rope_config``
+            (dynamic NTK's reference length, and the default of
+            ``original_max_position_embeddings``).
         layout: ``"half"`` or ``"interleaved"``.
         compute_dtype: the dtype of the angles, ``torch.float32`` or ``torch.float64``; the
             default ``None`` means the wider of float32 and the activations' dtype.
@@ -633,23 +663,95 @@ class RotaryEmbedding(PositionScheme):
         compute_dtype: torch.dtype | None = None,
         max_cached_positions: int = 1 << 16,
         device: torch.device | str | None = None,
+        rope_config: Mapping[str, Any] | None = None,
+        max_position_embeddings: int | None = None,
     ) -> None:
         super().__init__()
         check_positive_int(head_dim, "head_dim", minimum=2)
         self.head_dim = head_dim
+        self.rope_spec = None
+        if rope_config is not None:
+            if inv_freq is not None or attention_scaling != 1.0:
+                raise ValueError("pass rope_config, or inv_freq and attention_scaling, not both")
+            check_rotary_dim(rotary_dim, head_dim)
+            self.rope_spec = _parse_rope_config(rope_config, head_dim, rotary_dim, max_position_embeddings)
+            rotary_dim = self.rope_spec.dim
+        elif max_position_embeddings is not None:
+            raise ValueError("max_position_embeddings is read only with a rope_config")
         self.rotary_dim = check_rotary_dim(rotary_dim, head_dim)
         self.layout = check_layout(layout)
         self.compute_dtype = None if compute_dtype is None else _check_table_dtype(compute_dtype, "compute_dtype")
         self.max_cached_positions = check_positive_int(max_cached_positions, "max_cached_positions", 0)
-        base_given = inv_freq is None
-        if base_given:
-            inv_freq = rope_frequencies(self.rotary_dim, base, device=device)
         self.register_buffer("inv_freq", torch.empty(0), persistent=False)
         self.register_buffer("cos_cached", torch.empty(0, self.rotary_dim // 2), persistent=False)
         self.register_buffer("sin_cached", torch.empty(0, self.rotary_dim // 2), persistent=False)
+        if self.rope_spec is not None:
+            self._apply_spec(device)
+            return
+        base_given = inv_freq is None
+        if base_given:
+            inv_freq = rope_frequencies(self.rotary_dim, base, device=device)
         self.set_frequencies(inv_freq, attention_scaling)  # type: ignore[arg-type]
         #: the base the frequencies come from, or None for custom ``inv_freq``
         self.base: float | None = float(base) if base_given else None
+
+    def _apply_spec(self, device: torch.device | str | None = None) -> None:
+        from .scaling import spec_inv_freq
+
+        spec = self.rope_spec
+        inv_freq, factor = spec_inv_freq(spec)
+        if device is not None:
+            inv_freq = inv_freq.to(check_device(device))
+        self.set_frequencies(inv_freq, factor)
+        self._original_inv_freq = self.inv_freq
+        # HuggingFace's dynamic_rope_update state: the longest length the frequencies are for
+        self._seq_len_cached = spec.max_position_embeddings
+        self._long_inv_freq: Tensor | None = None
+        # Plain RoPE from a config keeps its base, so float64 tables recompute it in float64.
+        self.base = spec.theta if spec.rope_type == "default" else None
+
+    @property
+    def rope_config(self) -> dict[str, Any] | None:
+        """The normalised config this scheme was built from (a copy), or ``None``."""
+        return None if self.rope_spec is None else copy.deepcopy(self.rope_spec.params)
+
+    def set_rope_config(self, rope_config: Mapping[str, Any] | None, max_position_embeddings: int | None = None) -> None:
+        """Rebuild the frequencies and tables from a (new) scaling config; see the class doc.
+
+        The tables are computed when a config is applied; editing the dict afterwards (or the
+        one :attr:`rope_config` returns) changes nothing until this is called. ``None`` goes
+        back to plain RoPE with the current base, if known.
+        """
+        if rope_config is None:
+            theta = self.rope_spec.theta if self.rope_spec is not None else self.base
+            if theta is None:
+                raise ValueError("rope_config=None needs a known base; this scheme has custom frequencies")
+            rope_config = {"rope_type": "default", "rope_theta": theta}
+        self.rope_spec = _parse_rope_config(rope_config, self.head_dim, self.rotary_dim, max_position_embeddings)
+        self._apply_spec(self.inv_freq.device)
+
+    def _follow_length(self, seq_len: int) -> None:
+        """Dynamic types: update the frequencies for a call that reaches ``seq_len`` (HF's rule)."""
+        spec = self.rope_spec
+        from .scaling import spec_inv_freq
+
+        if spec.rope_type == "dynamic":
+            original = spec.max_position_embeddings
+            if seq_len > self._seq_len_cached:  # growth: the base for this length
+                inv_freq, factor = spec_inv_freq(spec, torch.tensor(seq_len))
+                self.set_frequencies(inv_freq.to(self.inv_freq.device), factor)
+                self._seq_len_cached = seq_len
+            elif seq_len < original and self._seq_len_cached > original:  # back to the original
+                self.set_frequencies(self._original_inv_freq, self.attention_scaling)
+                self._seq_len_cached = original
+        elif spec.rope_type == "longrope":
+            long = seq_len > spec.params["original_max_position_embeddings"]
+            if long and self._long_inv_freq is None:
+                inv_freq, _ = spec_inv_freq(spec, spec.params["original_max_position_embeddings"] + 1)
+                self._long_inv_freq = inv_freq.to(self.inv_freq.device)
+            wanted = self._long_inv_freq if long else self._original_inv_freq
+            if wanted is not self.inv_freq:
+                self.set_frequencies(wanted, self.attention_scaling)
 
     def set_frequencies(self, inv_freq: Tensor, attention_scaling: float = 1.0) -> None:
         """Replace the inverse frequencies and scaling factor, and empty the cache.
@@ -668,7 +770,8 @@ class RotaryEmbedding(PositionScheme):
         attention_scaling = check_finite_number(attention_scaling, "attention_scaling")
         self.base = None
         device = self.inv_freq.device if self.inv_freq.numel() else inv_freq.device
-        self.inv_freq = inv_freq.detach().to(device)
+        inv_freq = inv_freq.detach()
+        self.inv_freq = inv_freq if inv_freq.device == device else inv_freq.to(device)
         self.attention_scaling = float(attention_scaling)
         self.cos_cached = torch.empty(0, h, device=device)
         self.sin_cached = torch.empty(0, h, device=device)
@@ -729,6 +832,10 @@ class RotaryEmbedding(PositionScheme):
             )
         q_pos = as_positions(q_pos, "q_pos", q.shape[2], q.shape[0], q.device)
         k_pos = as_positions(k_pos, "k_pos", k.shape[2], k.shape[0], k.device)
+        if self.rope_spec is not None and self.rope_spec.is_dynamic:
+            reach = [int(p.max()) + 1 for p in (q_pos, k_pos) if p.numel()]
+            if reach:
+                self._follow_length(max(reach))
         kw = dict(layout=self.layout, rotary_dim=self.rotary_dim)
         dtype = torch.float64 if torch.float64 in (q.dtype, k.dtype) else torch.float32
         # (seq,) positions give (seq, r/2) rows, read by rope_rotate as a table from row 0;
@@ -744,6 +851,8 @@ class RotaryEmbedding(PositionScheme):
 
     def extra_repr(self) -> str:
         freq = f"base={self.base:g}" if self.base is not None else "inv_freq=custom"
+        if self.rope_spec is not None and self.rope_spec.rope_type != "default":
+            freq = f"rope_type={self.rope_spec.rope_type!r}, base={self.rope_spec.theta:g}"
         extra = f", attention_scaling={self.attention_scaling:g}" if self.attention_scaling != 1.0 else ""
         return (
             f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, {freq}{extra}, "
