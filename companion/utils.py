@@ -13,7 +13,7 @@ import os
 import platform
 import random
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import torch
 
 from ._checks import check_path
 
-__all__ = ["seed_everything", "provenance", "numeric_config", "cpu_model", "save_result", "load_result", "peak_tensor_bytes"]
+__all__ = ["seed_everything", "provenance", "numeric_config", "cpu_model", "save_result", "load_result", "save_csv", "load_csv", "peak_tensor_bytes"]
 
 
 def seed_everything(seed: int = 0) -> torch.Generator:
@@ -272,3 +272,42 @@ def peak_tensor_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tupl
     with tracker:
         result = fn(*args, **kwargs)
     return tracker.peak, result
+
+
+def save_csv(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]], fieldnames: Sequence[str],
+             command: str | None = None) -> Path:
+    """Write ``rows`` as CSV, preceded by ``# provenance: {json}`` (see :func:`provenance`).
+
+    Every row must have exactly the keys ``fieldnames``. Read it back with :func:`load_csv`.
+    """
+    import csv
+    import io
+
+    path = check_path(path)
+    fieldnames = list(fieldnames)
+    for i, row in enumerate(rows):
+        if set(row) != set(fieldnames):
+            raise ValueError(f"rows[{i}] has keys {sorted(row)}, expected {sorted(fieldnames)}")
+    buf = io.StringIO()
+    buf.write("# provenance: " + json.dumps(provenance(command), sort_keys=False) + "\n")
+    writer = csv.DictWriter(buf, fieldnames=fieldnames, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(buf.getvalue())
+    return path
+
+
+def load_csv(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """Read a file written by :func:`save_csv`: ``(provenance, rows)``, values as strings."""
+    import csv
+
+    path = check_path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"path {path} does not exist")
+    lines = path.read_text().splitlines()
+    prefix = "# provenance: "
+    if not lines or not lines[0].startswith(prefix):
+        raise ValueError(f"{path} is not a result CSV (its first line must start with {prefix!r})")
+    prov = json.loads(lines[0][len(prefix):])
+    return prov, list(csv.DictReader(lines[1:]))

@@ -1,4 +1,4 @@
-"""``python -m companion.lab train|eval|sweep ...``: the lab's command line.
+"""``python -m companion.lab train|eval|sweep|extend ...``: the lab's command line.
 
 Examples::
 
@@ -8,6 +8,9 @@ Examples::
     python -m companion.lab eval --checkpoint runs/rope.pt --out rope-eval.json
     # the chapter's full sweep (every scheme, two seeds, two worker processes)
     python -m companion.lab sweep --schemes all --seeds 0 1 --workers 2 --out chapters/data/08_sweep.json
+    # chapter 9: every RoPE scaling method at 2x, 4x, 8x, without and with a short fine-tune
+    python -m companion.lab extend --seeds 0 1 --factors 2 4 8 --finetune-steps 0 200 \
+        --out chapters/data/09_extension.csv --json chapters/data/09_extension.json
     # your own encoding beside the baselines
     python -m companion.lab sweep --schemes nope rope alibi mypkg.enc:MyScheme --seeds 0 1 --out mine.json
 
@@ -28,10 +31,11 @@ import torch
 
 import torch.distributed as dist
 
-from ..utils import save_result
+from ..utils import save_csv, save_result
 from .corpus import load_corpus
+from .extend import CSV_FIELDS, METHODS, ExtendConfig, run_extension, train_missing
 from .schemes import BUILTIN
-from .sweep import EvalConfig, evaluate_model, run_sweep
+from .sweep import EvalConfig, checkpoint_path, evaluate_model, run_sweep
 from .train import TrainConfig, load_checkpoint, train
 
 
@@ -83,6 +87,19 @@ def main(argv: list[str] | None = None) -> int:
     _add_dataclass_options(p_sweep, TrainConfig, skip=("scheme", "seed"))
     _add_dataclass_options(p_sweep, EvalConfig)
 
+    p_ext = sub.add_parser("extend", help="extend a trained RoPE model with each scaling method (chapter 9)")
+    p_ext.add_argument("--seeds", type=int, nargs="+", default=[0, 1],
+                       help="RoPE models of these seeds (trained first if their checkpoint is missing)")
+    p_ext.add_argument("--checkpoint-dir", default="runs/lab")
+    p_ext.add_argument("--methods", nargs="+", default=["all"], help=f"{list(METHODS)} or 'all'")
+    p_ext.add_argument("--factors", type=float, nargs="+", default=[2.0, 4.0, 8.0])
+    p_ext.add_argument("--finetune-steps", type=int, nargs="+", default=[0, 200])
+    p_ext.add_argument("--workers", type=int, default=2)
+    p_ext.add_argument("--out", required=True, help="CSV file of the measurements (with provenance)")
+    p_ext.add_argument("--json", default=None, help="JSON file for the LongRoPE searches and fine-tune logs")
+    _add_dataclass_options(p_ext, TrainConfig, skip=("scheme", "seed"))
+    _add_dataclass_options(p_ext, ExtendConfig)
+
     ns = parser.parse_args(argv)
     if ns.cmd in ("train", "eval"):
         torch.set_num_threads(ns.threads)
@@ -109,6 +126,18 @@ def main(argv: list[str] | None = None) -> int:
             save_result(ns.out, record, command=command)
         for k, v in record["eval"]["bpb"].items():
             print(f"length {k:>5}: {v['all']:.3f} bits per byte (last 64: {v['tail']:.3f})")
+    elif ns.cmd == "extend":
+        base = _picked(ns, TrainConfig, skip=("scheme", "seed"))
+        configs = [TrainConfig(scheme="rope", seed=seed, **base) for seed in ns.seeds]
+        paths = [str(checkpoint_path(ns.checkpoint_dir, c)) for c in configs]
+        train_missing(configs, paths, workers=ns.workers)
+        methods = list(METHODS) if ns.methods == ["all"] else ns.methods
+        result = run_extension(paths, methods, ns.factors, ns.finetune_steps,
+                               ExtendConfig(**_picked(ns, ExtendConfig)), workers=ns.workers)
+        save_csv(ns.out, result["rows"], CSV_FIELDS, command=command)
+        if ns.json:
+            save_result(ns.json, {k: v for k, v in result.items() if k != "rows"}, command=command)
+        print(f"extend: {len(result['rows'])} rows in {result['wall_seconds']:.0f} s -> {ns.out}")
     else:
         schemes = list(BUILTIN) if ns.schemes == ["all"] else ns.schemes
         base = _picked(ns, TrainConfig, skip=("scheme", "seed"))
