@@ -289,6 +289,9 @@ def parse_rope_config(
             )
         else:
             raise ValueError(f"rope_config for rope_type={rope_type!r} needs the key 'factor' (the scale s >= 1)")
+    missing = [key for key in _REQUIRED[rope_type] if params.get(key) is None]
+    if missing:
+        raise ValueError(f"rope_config for rope_type={rope_type!r} is missing the required key(s) {missing}")
     if "factor" in params and params["factor"] is not None:
         _number(params, "factor", minimum=1.0)
 

@@ -289,12 +289,14 @@ def save_csv(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]], fi
         if set(row) != set(fieldnames):
             raise ValueError(f"rows[{i}] has keys {sorted(row)}, expected {sorted(fieldnames)}")
     buf = io.StringIO()
-    buf.write("# provenance: " + json.dumps(provenance(command), sort_keys=False) + "\n")
-    writer = csv.DictWriter(buf, fieldnames=fieldnames, lineterminator="\n")
+    # RFC 4180's CRLF line ends: csv then quotes any value holding a line break or a CR
+    buf.write("# provenance: " + json.dumps(provenance(command), sort_keys=False) + "\r\n")
+    writer = csv.DictWriter(buf, fieldnames=fieldnames, lineterminator="\r\n")
     writer.writeheader()
     writer.writerows(rows)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(buf.getvalue())
+    with open(path, "w", newline="") as f:  # newline="": write the CRLFs as they are
+        f.write(buf.getvalue())
     return path
 
 
@@ -305,9 +307,14 @@ def load_csv(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[st
     path = check_path(path)
     if not path.is_file():
         raise FileNotFoundError(f"path {path} does not exist")
-    lines = path.read_text().splitlines()
+    import io
+
+    with open(path, newline="") as f:  # newline="": line breaks inside quoted values survive
+        text = f.read()
+    first, _, rest = text.partition("\n")
+    first = first.rstrip("\r")
     prefix = "# provenance: "
-    if not lines or not lines[0].startswith(prefix):
+    if not first.startswith(prefix):
         raise ValueError(f"{path} is not a result CSV (its first line must start with {prefix!r})")
-    prov = json.loads(lines[0][len(prefix):])
-    return prov, list(csv.DictReader(lines[1:]))
+    prov = json.loads(first[len(prefix):])
+    return prov, list(csv.DictReader(io.StringIO(rest, newline="")))

@@ -362,9 +362,6 @@ def test_longrope_search_is_seeded(ckpt, stdlib):
     assert results[0] == results[1]
 
 
-@pytest.mark.xfail(strict=True, reason="longrope_search restores the scheme only when it had a rope_config; "
-                                       "a model straight from the lab (plain RotaryEmbedding, rope_config None) "
-                                       "is left with the last candidate's LongRoPE config")
 def test_longrope_search_restores_a_plain_rope_model(ckpt, stdlib):
     model, _ = load_checkpoint(ckpt)
     assert model.scheme.rope_config is None
@@ -584,8 +581,6 @@ def test_csv_round_trip(tmp_path):
     assert back == [] and prov["command"] is None
 
 
-@pytest.mark.xfail(strict=True, reason="load_csv splits the file with str.splitlines, which drops the line "
-                                       "break inside a quoted field and splits unquoted \\r and \\u2028")
 @pytest.mark.parametrize("text", ["two\nlines", "carriage\rreturn", "line\u2028separator"])
 def test_csv_round_trip_of_line_breaks_in_a_value(tmp_path, text):
     save_csv(tmp_path / "r.csv", [{"a": text, "b": 1}], ["a", "b"])

@@ -147,7 +147,7 @@ def longrope_search(model: TinyDecoder, corpus: Corpus, factor: float, train_len
     rng = np.random.default_rng(seed)
     rows = windows(corpus.train, evenly_spaced_starts(corpus.train.size, n + 1, windows_count), n + 1)
     plain = rope_frequencies(d, BASE).double()
-    original = scheme.rope_config
+    saved = (scheme.rope_spec, scheme.inv_freq, scheme.attention_scaling, scheme.base)
 
     def starts() -> dict[str, np.ndarray]:
         out = {}
@@ -189,8 +189,13 @@ def longrope_search(model: TinyDecoder, corpus: Corpus, factor: float, train_len
         pool = elite + children
         history.append(min(s for s, _ in pool))
     best_score, best = min(pool, key=lambda t: t[0])
-    if original is not None:
-        scheme.set_rope_config(original, max_position_embeddings=train_len)
+    spec, inv_freq, attention_scaling, base = saved  # leave the model as it was
+    if spec is not None:
+        scheme.set_rope_config(spec.params, max_position_embeddings=spec.max_position_embeddings)
+    else:
+        scheme.rope_spec = None
+        scheme.set_frequencies(inv_freq, attention_scaling)
+        scheme.base = base
     return {"long_factor": best.tolist(), "score": best_score, "start_scores": seed_scores, "history": history,
             "evaluations": population + generations * (population - max(2, population // 4))}
 
