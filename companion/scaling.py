@@ -250,6 +250,13 @@ def parse_rope_config(
             )
         partial_rotary_factor = in_dict
     dim = _rotary_dim(head_dim, partial_rotary_factor)
+    if float(partial_rotary_factor) != 1.0:
+        params["partial_rotary_factor"] = float(partial_rotary_factor)  # v5 keeps it in the dict
+    if rope_type in ("ntk", "dynamic") and dim < 4:
+        raise ValueError(
+            f"rope_type={rope_type!r} needs a rotary dimension of at least 4 (its base is b * s ** (d / (d - 2))), "
+            f"got int(head_dim * partial_rotary_factor) = {dim}"
+        )
 
     if "rope_theta" not in params:
         warnings.warn(
@@ -281,7 +288,14 @@ def parse_rope_config(
     derivable = rope_type in ("yarn", "longrope")
     if params.get("factor") is None and ("factor" in _REQUIRED[rope_type] or derivable):
         if derivable and max_position_embeddings is not None:
-            params["factor"] = max_position_embeddings / params["original_max_position_embeddings"]
+            derived = max_position_embeddings / params["original_max_position_embeddings"]
+            if derived < 1:
+                raise ValueError(
+                    f"rope_config has no 'factor', and the one derived from the lengths, max_position_embeddings / "
+                    f"original_max_position_embeddings = {max_position_embeddings} / "
+                    f"{params['original_max_position_embeddings']}, is below 1; give 'factor' (>= 1)"
+                )
+            params["factor"] = derived
         elif derivable:
             raise ValueError(
                 f"rope_config for rope_type={rope_type!r} needs 'factor', or max_position_embeddings to derive "

@@ -539,9 +539,6 @@ def test_params_reparse_to_the_same_spec(rope_type):
                 compute_inv_freq(CONFIGS[rope_type], 32, max_position_embeddings=M, seq_len=M + 1))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="a partial_rotary_factor passed as an argument is not recorded in spec.params, "
-                          "so spec.params re-parsed alone describes the full head_dim")
 def test_params_reparse_keeps_an_argument_partial_factor():
     spec = parse_rope_config(CONFIGS["yarn"], 64, partial_rotary_factor=0.5)
     assert spec.dim == 32
@@ -687,9 +684,6 @@ def test_rope_config_must_be_a_dict(cfg):
         RotaryEmbedding(32, rope_config=cfg)
 
 
-@pytest.mark.xfail(strict=True, raises=ZeroDivisionError,
-                   reason="ntk/dynamic with rotary dim 2 divide by d - 2 = 0 (ZeroDivisionError) instead of "
-                          "rejecting the rotary dimension with a ValueError")
 @pytest.mark.parametrize("rope_type", ["ntk", "dynamic"])
 def test_ntk_needs_at_least_two_pairs(rope_type):
     with pytest.raises(ValueError, match="rotary"):
