@@ -515,8 +515,9 @@ def test_every_public_callable_is_covered():
         "save_result", "shaw_score", "shaw_values", "sinusoidal_encoding", "sinusoidal_relative_table",
         "sinusoidal_table", "t5_relative_position_bucket", "transformer_xl_score",
     }
-    elsewhere = {  # tested in test_rope.py, test_model_utils.py, test_absolute.py, test_relative.py
-        "HOOKS", "LAYOUTS", "PositionScheme", "RotaryEmbedding", "SCHEMES", "apply_rope", "convert_layout",
+    elsewhere = {  # tested in test_rope.py, test_scaling.py, test_model_utils.py, test_absolute.py, test_relative.py
+        "HOOKS", "LAYOUTS", "PositionScheme", "ROPE_TYPES", "RotaryEmbedding", "SCHEMES", "apply_rope",
+        "compute_inv_freq", "parse_rope_config", "rope_parameters_from_legacy", "convert_layout",
         "convert_qk_weight", "layout_permutation", "peak_tensor_bytes", "positions_from_mask", "provenance",
         "rel_shift", "rope_cos_sin", "rope_frequencies", "rope_rotate", "rotate_half", "seed_everything",
         "sinusoidal_frequencies", "sinusoidal_wavelengths",
