@@ -63,6 +63,7 @@ from ._checks import check_finite_number, check_positive_int
 
 __all__ = [
     "ROPE_TYPES",
+    "ROPE_SCALING_FUNCTIONS",
     "DYNAMIC_TYPES",
     "DEFAULT_THETA",
     "RopeSpec",
@@ -470,7 +471,9 @@ def _longrope(spec: RopeSpec, seq_len: int | Tensor | None) -> tuple[Tensor, flo
     return 1.0 / (ext * spec.theta ** _exponents(spec.dim)), float(attention_factor)
 
 
-_METHODS: dict[str, Callable[[RopeSpec, int | Tensor | None], tuple[Tensor, float]]] = {
+#: The registry: ``rope_type`` -> ``fn(spec, seq_len) -> (inv_freq, attention_factor)``, one
+#: function per method (HuggingFace's ``ROPE_INIT_FUNCTIONS`` plays the same role).
+ROPE_SCALING_FUNCTIONS: dict[str, Callable[[RopeSpec, int | Tensor | None], tuple[Tensor, float]]] = {
     "default": _default,
     "linear": _linear,
     "ntk": _ntk,
@@ -479,7 +482,7 @@ _METHODS: dict[str, Callable[[RopeSpec, int | Tensor | None], tuple[Tensor, floa
     "llama3": _llama3,
     "longrope": _longrope,
 }
-assert tuple(_METHODS) == ROPE_TYPES
+assert tuple(ROPE_SCALING_FUNCTIONS) == ROPE_TYPES
 
 
 def _check_seq_len(seq_len: object) -> int | Tensor | None:
@@ -522,12 +525,12 @@ def compute_inv_freq(rope_config: dict, head_dim: int, *,
     """
     spec = parse_rope_config(rope_config, head_dim, max_position_embeddings=max_position_embeddings,
                              partial_rotary_factor=partial_rotary_factor)
-    return _METHODS[spec.rope_type](spec, _check_seq_len(seq_len))
+    return ROPE_SCALING_FUNCTIONS[spec.rope_type](spec, _check_seq_len(seq_len))
 
 
 def spec_inv_freq(spec: RopeSpec, seq_len: int | Tensor | None = None) -> tuple[Tensor, float]:
     """:func:`compute_inv_freq` for an already parsed :class:`RopeSpec` (no re-validation)."""
-    return _METHODS[spec.rope_type](spec, _check_seq_len(seq_len))
+    return ROPE_SCALING_FUNCTIONS[spec.rope_type](spec, _check_seq_len(seq_len))
 
 
 # ----------------------------------------------------------------------------- llama.cpp
