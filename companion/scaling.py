@@ -471,8 +471,8 @@ def _longrope(spec: RopeSpec, seq_len: int | Tensor | None) -> tuple[Tensor, flo
     return 1.0 / (ext * spec.theta ** _exponents(spec.dim)), float(attention_factor)
 
 
-#: The registry: ``rope_type`` -> ``fn(spec, seq_len) -> (inv_freq, attention_factor)``, one
-#: function per method (HuggingFace's ``ROPE_INIT_FUNCTIONS`` plays the same role).
+#: One function per method, keyed by ``rope_type``, each mapping ``(spec, seq_len)`` to
+#: ``(inv_freq, attention_factor)``; HuggingFace's ``ROPE_INIT_FUNCTIONS`` plays the same role.
 ROPE_SCALING_FUNCTIONS: dict[str, Callable[[RopeSpec, int | Tensor | None], tuple[Tensor, float]]] = {
     "default": _default,
     "linear": _linear,
