@@ -52,7 +52,9 @@ __all__ = [
     "KVCache",
     "LlamaModel",
     "read_gguf",
+    "gguf_metadata",
     "gguf_tokenizer",
+    "render_chat",
     "build_model",
     "load_gguf",
 ]
@@ -162,26 +164,41 @@ class RMSNorm(nn.Module):
 
 class KVCache:
     """Rotated keys and values of the tokens seen so far, one ``(batch, kv_heads, seq, head_dim)``
-    pair per layer. :attr:`length` is the position of the next token."""
+    pair per layer. :attr:`length` is the position of the next token.
+
+    Each layer's keys and values live in a preallocated buffer whose capacity doubles when it
+    fills, so a generation step copies only its own token (appending with ``torch.cat``
+    would copy the whole cache at every step, 30 layers x 16K positions on SmolLM2).
+    :meth:`update` returns views of the filled part.
+    """
 
     def __init__(self, n_layers: int) -> None:
         self.n_layers = check_positive_int(n_layers, "n_layers")
-        self.keys: list[Tensor | None] = [None] * n_layers
-        self.values: list[Tensor | None] = [None] * n_layers
+        self._keys: list[Tensor | None] = [None] * n_layers
+        self._values: list[Tensor | None] = [None] * n_layers
+        self._filled = [0] * n_layers
 
     @property
     def length(self) -> int:
         """Number of cached positions (0 when empty)."""
-        k = self.keys[-1]
-        return 0 if k is None else k.shape[2]
+        return self._filled[-1]
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append ``k``, ``v`` for ``layer`` and return all keys and values of that layer."""
-        if self.keys[layer] is not None:
-            k = torch.cat((self.keys[layer], k), dim=2)
-            v = torch.cat((self.values[layer], v), dim=2)
-        self.keys[layer], self.values[layer] = k, v
-        return k, v
+        n, t = self._filled[layer], k.shape[2]
+        buf_k, buf_v = self._keys[layer], self._values[layer]
+        if buf_k is None or n + t > buf_k.shape[2]:
+            capacity = max(n + t, 256, 0 if buf_k is None else 2 * buf_k.shape[2])
+            shape = (k.shape[0], k.shape[1], capacity, k.shape[3])
+            new_k, new_v = k.new_empty(shape), v.new_empty(shape[:3] + (v.shape[3],))
+            if n:
+                new_k[:, :, :n] = buf_k[:, :, :n]
+                new_v[:, :, :n] = buf_v[:, :, :n]
+            self._keys[layer], self._values[layer] = buf_k, buf_v = new_k, new_v
+        buf_k[:, :, n:n + t] = k
+        buf_v[:, :, n:n + t] = v
+        self._filled[layer] = n + t
+        return buf_k[:, :, :n + t], buf_v[:, :, :n + t]
 
 
 class Attention(nn.Module):
@@ -206,17 +223,16 @@ class Attention(nn.Module):
         q, k = rope.rotate(q, k, pos, pos)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
-        rep = self.n_heads // self.n_kv_heads  # query head h reads key/value head h // rep
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
+        # enable_gqa: query head h reads key/value head h // (n_heads // n_kv_heads), without
+        # materialising the repeated keys (bit-identical to repeat_interleave on CPU)
         if start == 0:  # the queries are positions 0 .. t-1 of the keys: plain causal
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:  # t new queries after `start` cached keys: query i sees keys 0 .. start + i
             mask = None
             if t > 1:
                 k_pos = torch.arange(k.shape[2], device=x.device)
                 mask = k_pos[None, :] <= pos[:, None]  # (t, start + t), not L x L
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         return self.wo(y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
 
 
@@ -454,6 +470,53 @@ def gguf_tokenizer(fields: Mapping[str, Any]):  # noqa: ANN201 - tokenizers.Toke
     special = [t for t, ty in zip(tokens, types) if ty in (control, user_defined)]
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
     return tok
+
+
+def gguf_metadata(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """The metadata fields of a GGUF file as Python values, without reading its tensors.
+
+    ``path`` defaults to the cached SmolLM2-135M-Instruct file. The chat template, for
+    :func:`render_chat`, is ``fields["tokenizer.chat_template"]``.
+    """
+    if path is None:
+        from .pretrained import smollm2_gguf_path
+
+        path = smollm2_gguf_path()
+    path = check_path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    reader = _gguf().GGUFReader(str(path))
+    return {name: _field_value(field) for name, field in reader.fields.items() if not name.startswith("GGUF.")}
+
+
+def render_chat(
+    template: str,
+    messages: list[Mapping[str, str]],
+    *,
+    add_generation_prompt: bool = True,
+) -> str:
+    """Render ``messages`` (``{"role": ..., "content": ...}`` dicts) with a model's chat template.
+
+    ``template`` is the Jinja2 source stored in the GGUF metadata (``tokenizer.chat_template``,
+    the same text as HuggingFace's ``tokenizer_config.json``), rendered in Jinja2's sandbox as
+    ``transformers`` does. With ``add_generation_prompt`` the text ends with the header of the
+    assistant's turn, ready for generation. Encode the result with the GGUF tokenizer, whose
+    special tokens (``<|im_start|>``) are never split.
+    """
+    if not isinstance(template, str) or not template:
+        raise ValueError("template must be a non-empty string (the GGUF tokenizer.chat_template)")
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError(f"messages[{i}] must be a mapping with string 'role' and 'content', got {m!r}")
+    check_bool(add_generation_prompt, "add_generation_prompt")
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(template).render(
+        messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt
+    )
 
 
 def read_gguf(path: str | os.PathLike[str]) -> tuple[LlamaConfig, dict[str, Tensor], dict[str, Any]]:

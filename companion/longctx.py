@@ -1,0 +1,388 @@
+"""Long-context evaluation of a pretrained Llama (chapter 10): perplexity by position and passkey.
+
+Two experiments, both on a :class:`companion.llama.LlamaModel` with a chapter-9 scaling
+config installed by :meth:`~companion.llama.LlamaModel.set_rope_config`, and no fine-tuning:
+
+* **Perplexity by position.** :func:`token_stream` tokenizes the lab corpus's held-out
+  standard-library files (:func:`companion.lab.corpus.load_corpus`, validation split) into
+  one stream; window ``w`` is tokens ``[w * L, (w + 1) * L)`` of it. :func:`evaluate_window`
+  runs one causal pass per method over a window and sums the per-token loss in buckets of
+  target positions, so that the first half, the second half, the last 1024 tokens, or a
+  curve of loss against position, all come from the same stored rows
+  (:func:`summarize`). By causality the first half of a pass of ``L`` tokens scores its
+  tokens exactly as a pass of ``L / 2`` tokens would, for every method whose frequencies do
+  not depend on the length; Dynamic NTK is the exception, it sets its base from the whole
+  pass (``max(position) + 1``, HuggingFace's rule without a cache).
+* **Passkey retrieval** (:cite:`mohtashami2023landmark`). :func:`passkey_prompt` hides a
+  five-digit key at a given depth inside repeated filler sentences, in the model's chat
+  format (:func:`companion.llama.render_chat`), and the model answers greedily after
+  ``"The pass key is"`` (:func:`passkey_trial`).
+
+The command line writes both with provenance::
+
+    python -m companion.longctx ppl --length 16384 --windows 2 --out chapters/data/10_ppl.csv
+    python -m companion.longctx passkey --lengths 8192 16384 --out chapters/data/10_passkey.csv
+
+Methods (:data:`METHODS`) are named as in chapter 9's lab: ``none`` (plain RoPE), ``pi``
+(linear), ``ntk`` (NTK-aware base change), ``dynamic`` (Dynamic NTK), ``yarn`` (with its
+attention factor) and ``llama3``, each at ``factor`` over the native context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import random
+import re
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._checks import check_finite_number, check_positive_int
+
+__all__ = [
+    "METHODS",
+    "FILLER",
+    "method_config",
+    "token_stream",
+    "window",
+    "evaluate_window",
+    "summarize",
+    "passkey_prompt",
+    "passkey_trial",
+    "main",
+]
+
+#: The scaling methods of the experiment, in the order the chapter reports them.
+METHODS: tuple[str, ...] = ("none", "pi", "ntk", "dynamic", "yarn", "llama3")
+
+#: The filler of the passkey prompt (in the style of Mohtashami and Jaggi's test), repeated.
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+
+PPL_FIELDS = ("window", "window_start", "tokens", "method", "rope_config", "bucket_start",
+              "bucket_end", "nll_sum", "count", "seconds")
+PASSKEY_FIELDS = ("tokens", "prompt_tokens", "method", "depth", "key", "answer", "correct", "seconds")
+
+
+def method_config(method: str, factor: float, original: int, base: float) -> dict[str, Any] | None:
+    """The chapter-9 scaling config of ``method`` at ``factor`` over ``original`` positions.
+
+    ``None`` for ``"none"`` (plain RoPE with ``base``). The others are HuggingFace-style
+    dicts for :func:`companion.scaling.compute_inv_freq`: ``linear`` (PI), ``ntk`` (base
+    ``b * s**(d / (d - 2))``), ``dynamic`` (Dynamic NTK, relative to ``original``), ``yarn``
+    (HF's defaults ``beta_fast = 32``, ``beta_slow = 1``, attention factor
+    ``0.1 ln s + 1``) and ``llama3`` (``low_freq_factor = 1``, ``high_freq_factor = 4``, as
+    in Llama 3.1).
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {list(METHODS)}, got {method!r}")
+    factor = check_finite_number(factor, "factor")
+    if factor < 1.0:
+        raise ValueError(f"factor must be >= 1, got {factor}")
+    original = check_positive_int(original, "original")
+    base = check_finite_number(base, "base")
+    if method == "none":
+        return None
+    cfg: dict[str, Any] = {"rope_theta": float(base), "factor": float(factor)}
+    if method == "pi":
+        cfg["rope_type"] = "linear"
+    elif method == "ntk":
+        cfg["rope_type"] = "ntk"
+    elif method == "dynamic":
+        cfg["rope_type"] = "dynamic"
+    elif method == "yarn":
+        cfg.update(rope_type="yarn", original_max_position_embeddings=original)
+    else:
+        cfg.update(rope_type="llama3", low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=original)
+    return cfg
+
+
+def token_stream(tokenizer: Any, root: str | None = None) -> tuple[list[int], dict[str, Any]]:
+    """Token ids of the lab corpus's validation split (held-out stdlib files), and its info.
+
+    The split is :func:`companion.lab.corpus.load_corpus`'s (files concatenated in sorted
+    path order), decoded as UTF-8 (invalid bytes replaced) and encoded with ``tokenizer``
+    (a ``tokenizers.Tokenizer``). ``info`` is the corpus info plus the token count and the
+    SHA-256 of the ids, so that a stored result can tell whether it was computed on the
+    same tokens.
+    """
+    from .lab.corpus import load_corpus
+
+    corpus = load_corpus(root)
+    text = corpus.val.tobytes().decode("utf-8", errors="replace")
+    ids = tokenizer.encode(text).ids
+    info = dict(corpus.info, tokens=len(ids), ids_sha256=_ids_sha256(ids))
+    return ids, info
+
+
+def _ids_sha256(ids: Sequence[int]) -> str:
+    return hashlib.sha256(torch.tensor(list(ids), dtype=torch.int64).numpy().tobytes()).hexdigest()
+
+
+def window(stream: Sequence[int], index: int, length: int) -> Tensor:
+    """Window ``index`` of ``length`` tokens: ``stream[index * length : (index + 1) * length]``,
+    as a ``(1, length)`` int64 tensor; an ``IndexError`` if the stream is too short."""
+    index = check_positive_int(index, "index", minimum=0)
+    length = check_positive_int(length, "length", minimum=2)
+    if (index + 1) * length > len(stream):
+        raise IndexError(
+            f"window index {index} of length {length} needs {(index + 1) * length} tokens; the stream "
+            f"has {len(stream)}, so index must lie in [0, {len(stream) // length - 1}]"
+        )
+    return torch.tensor([list(stream[index * length:(index + 1) * length])], dtype=torch.int64)
+
+
+def _bucket_rows(nll: Tensor, bucket: int) -> list[tuple[int, int, float, int]]:
+    """``(start, end, nll_sum, count)`` over target positions ``[start, end)``; ``nll[i]`` is
+    the loss of target position ``i + 1``. Sums are in float64."""
+    n = nll.numel() + 1
+    out = []
+    for start in range(0, n, bucket):
+        end = min(start + bucket, n)
+        part = nll[max(start - 1, 0):end - 1].double()  # targets max(start, 1) .. end - 1
+        out.append((start, end, float(part.sum()), int(part.numel())))
+    return out
+
+
+def evaluate_window(
+    model: Any,
+    ids: Tensor,
+    methods: Sequence[str] = METHODS,
+    *,
+    factor: float = 2.0,
+    bucket: int = 256,
+    window_index: int = 0,
+    window_start: int = 0,
+    progress: Any = None,
+) -> list[dict[str, Any]]:
+    """One causal pass per method over ``ids`` ``(1, L)``: the loss summed in position buckets.
+
+    Each method's config comes from :func:`method_config` with the model's native context
+    and base, and is installed with ``model.set_rope_config``; plain RoPE is restored at the
+    end. Returns rows with the keys of ``PPL_FIELDS``; ``seconds`` is the pass's wall time.
+    ``progress`` (a callable taking a string) reports each pass.
+    """
+    if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.shape[0] != 1:
+        raise ValueError(f"ids must be a (1, L) tensor, got {getattr(ids, 'shape', type(ids).__name__)}")
+    bucket = check_positive_int(bucket, "bucket")
+    methods = list(methods)
+    for m in methods:
+        if m not in METHODS:
+            raise ValueError(f"methods must be drawn from {list(METHODS)}, got {m!r}")
+    cfg = model.config
+    rows = []
+    try:
+        for m in methods:
+            rope_config = method_config(m, factor, cfg.context_length, cfg.rope_base)
+            model.set_rope_config(rope_config)
+            t0 = time.perf_counter()
+            nll = model.token_nll(ids)[0]
+            sec = time.perf_counter() - t0
+            if progress is not None:
+                progress(f"window {window_index} {m}: {sec:.1f} s, ppl {math.exp(float(nll.double().mean())):.3f}")
+            for start, end, total, count in _bucket_rows(nll, bucket):
+                rows.append({
+                    "window": window_index, "window_start": window_start, "tokens": ids.shape[1],
+                    "method": m, "rope_config": json.dumps(rope_config, sort_keys=True),
+                    "bucket_start": start, "bucket_end": end, "nll_sum": repr(total),
+                    "count": count, "seconds": round(sec, 2),
+                })
+    finally:
+        model.set_rope_config(None)
+    return rows
+
+
+def summarize(rows: Sequence[Mapping[str, Any]], last: int = 1024) -> dict[tuple[int, str], dict[str, float]]:
+    """Perplexities per ``(window, method)`` from bucket rows (as stored or as computed).
+
+    Returns ``{"first_half", "second_half", "last", "all", "seconds"}`` for each pair: the
+    halves split the target positions at ``tokens / 2``, and ``last`` is the final ``last``
+    positions; every boundary must fall on a bucket edge.
+    """
+    groups: dict[tuple[int, str], list[Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((int(r["window"]), str(r["method"])), []).append(r)
+    out = {}
+    for key, rs in groups.items():
+        n = int(rs[0]["tokens"])
+        edges = {int(r["bucket_start"]) for r in rs} | {n}
+        half = n // 2
+        for name, value in (("tokens / 2", half), ("tokens - last", n - last)):
+            if value not in edges:
+                raise ValueError(f"{name} = {value} is not a bucket edge of window {key[0]} ({key[1]})")
+
+        def ppl(lo: int, hi: int, rs=rs) -> float:
+            total = sum(float(r["nll_sum"]) for r in rs if lo <= int(r["bucket_start"]) < hi)
+            count = sum(int(r["count"]) for r in rs if lo <= int(r["bucket_start"]) < hi)
+            return math.exp(total / count)
+
+        out[key] = {"first_half": ppl(0, half), "second_half": ppl(half, n), "last": ppl(n - last, n),
+                    "all": ppl(0, n), "seconds": float(rs[0]["seconds"])}
+    return out
+
+
+def passkey_prompt(
+    tokenizer: Any,
+    template: str,
+    n_tokens: int,
+    depth: float,
+    key: int,
+) -> list[int]:
+    """Token ids of a passkey prompt of about ``n_tokens`` tokens with ``key`` at ``depth``.
+
+    The user turn explains the task, repeats :data:`FILLER` and states the key (twice, in
+    the classic wording) after a fraction ``depth`` in ``[0, 1]`` of the filler; the
+    assistant's turn starts with ``"The pass key is"``. The number of filler repetitions is
+    the largest that keeps the prompt within ``n_tokens``.
+    """
+    from .llama import render_chat
+
+    n_tokens = check_positive_int(n_tokens, "n_tokens")
+    depth = check_finite_number(depth, "depth")
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth must lie in [0, 1], got {depth}")
+    key = check_positive_int(key, "key")
+
+    def build(units: int) -> list[int]:
+        before = int(round(units * depth))
+        user = ("There is an important pass key hidden inside a lot of irrelevant text. Find it and "
+                "memorize it. I will quiz you about the pass key.\n" + FILLER * before
+                + f"The pass key is {key}. Remember it. {key} is the pass key. " + FILLER * (units - before)
+                + "\nWhat is the pass key?")
+        text = render_chat(template, [{"role": "user", "content": user}]) + "The pass key is"
+        return tokenizer.encode(text).ids
+
+    empty = len(build(0))
+    per_unit = len(tokenizer.encode(FILLER * 64).ids) / 64
+    if empty > n_tokens:
+        raise ValueError(f"n_tokens must be at least {empty} (the prompt without filler), got {n_tokens}")
+    units = int((n_tokens - empty) / per_unit)
+    ids = build(units)
+    while len(ids) > n_tokens and units > 0:
+        units -= 1
+        ids = build(units)
+    return ids
+
+
+def passkey_trial(model: Any, tokenizer: Any, ids: Sequence[int], key: int, max_new_tokens: int = 8) -> tuple[str, bool]:
+    """Greedy answer to a passkey prompt: ``(answer text, correct)``; correct means the first
+    number in the answer is ``key``."""
+    prompt = torch.tensor([list(ids)], dtype=torch.int64)
+    out = model.generate(prompt, max_new_tokens)
+    answer = tokenizer.decode(out[0, prompt.shape[1]:].tolist())
+    found = re.search(r"\d+", answer)
+    return answer, bool(found and int(found.group()) == key)
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def _load(layout: str = "half") -> tuple[Any, Any, dict[str, Any]]:
+    from .llama import build_model, gguf_tokenizer, read_gguf
+    from .pretrained import smollm2_gguf_path
+
+    config, weights, fields = read_gguf(smollm2_gguf_path())
+    return build_model(config, weights, layout), gguf_tokenizer(fields), fields
+
+
+def _json_sidecar(path: str | None, data: dict[str, Any], command: str) -> None:
+    if path:
+        from .utils import save_result
+
+        save_result(path, data, command=command)
+
+
+def _cmd_ppl(args: argparse.Namespace, command: str) -> int:
+    from .utils import save_csv
+
+    model, tok, _ = _load()
+    stream, info = token_stream(tok)
+    rows: list[dict[str, Any]] = []
+    windows = []
+    t0 = time.perf_counter()
+    for w in range(args.windows):
+        ids = window(stream, w, args.length)
+        windows.append({"index": w, "start": w * args.length, "ids_sha256": _ids_sha256(ids[0].tolist()),
+                        "text_head": tok.decode(ids[0, :24].tolist())})
+        rows += evaluate_window(model, ids, args.methods, factor=args.factor, bucket=args.bucket,
+                                window_index=w, window_start=w * args.length, progress=print)
+        save_csv(args.out, rows, PPL_FIELDS, command=command)  # after every window: a partial run survives
+    total = time.perf_counter() - t0
+    _json_sidecar(args.json, {"corpus": info, "windows": windows, "length": args.length, "factor": args.factor,
+                              "methods": list(args.methods), "bucket": args.bucket, "seconds": total}, command)
+    for (w, m), s in sorted(summarize(rows).items()):
+        print(f"window {w} {m:8s} first half {s['first_half']:9.3f}  second half {s['second_half']:9.3f}  "
+              f"last 1024 {s['last']:9.3f}  ({s['seconds']:.0f} s)")
+    return 0
+
+
+def _cmd_passkey(args: argparse.Namespace, command: str) -> int:
+    from .utils import save_csv
+
+    model, tok, fields = _load()
+    template = fields["tokenizer.chat_template"]
+    rng = random.Random(args.seed)
+    rows: list[dict[str, Any]] = []
+    native = model.config.context_length
+    for n in args.lengths:
+        methods = args.methods if n > native else args.native_methods
+        for depth in args.depths:
+            key = rng.randint(10000, 99999)
+            ids = passkey_prompt(tok, template, n, depth, key)
+            for m in methods:
+                model.set_rope_config(method_config(m, args.factor, native, model.config.rope_base))
+                t = time.perf_counter()
+                answer, ok = passkey_trial(model, tok, ids, key)
+                sec = time.perf_counter() - t
+                print(f"{n} {m:8s} depth {depth:.2f} key {key}: {answer!r} {'ok' if ok else 'WRONG'} ({sec:.0f} s)")
+                rows.append({"tokens": n, "prompt_tokens": len(ids), "method": m, "depth": depth, "key": key,
+                             "answer": answer, "correct": int(ok), "seconds": round(sec, 2)})
+                save_csv(args.out, rows, PASSKEY_FIELDS, command=command)
+    model.set_rope_config(None)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m companion.longctx ppl|passkey``: run the chapter-10 experiments (SmolLM2-135M)."""
+    parser = argparse.ArgumentParser(prog="python -m companion.longctx", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("ppl", help="perplexity by position over non-overlapping windows")
+    p.add_argument("--length", type=int, default=16384)
+    p.add_argument("--windows", type=int, default=2)
+    p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    p.add_argument("--factor", type=float, default=2.0)
+    p.add_argument("--bucket", type=int, default=256)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", required=True)
+    p.add_argument("--json", default=None, help="a JSON sidecar: corpus info, windows, total time")
+    k = sub.add_parser("passkey", help="passkey retrieval in the chat format")
+    k.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384])
+    k.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
+    k.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
+                   help="methods at lengths beyond the native context")
+    k.add_argument("--native-methods", nargs="+", choices=METHODS, default=["none"],
+                   help="methods at lengths within the native context")
+    k.add_argument("--factor", type=float, default=2.0)
+    k.add_argument("--seed", type=int, default=0)
+    k.add_argument("--threads", type=int, default=None)
+    k.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(check_positive_int(args.threads, "threads"))
+    command = "python -m companion.longctx " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.cmd == "ppl":
+        check_positive_int(args.windows, "windows")
+        check_positive_int(args.length, "length", minimum=2)
+        return _cmd_ppl(args, command)
+    return _cmd_passkey(args, command)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
