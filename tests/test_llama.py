@@ -336,3 +336,143 @@ def test_tiny_random_model_layouts_and_cache():
     with torch.no_grad():
         for n in range(5, 11):
             assert half(out[:, :n])[0, -1].argmax().item() == out[0, n].item()
+
+
+# ----------------------------------------------------------------------------- chat template
+
+
+# SmolLM2-135M-Instruct's chat template, as stored in its GGUF (tokenizer.chat_template)
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+DEFAULT_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+
+
+@needs_model
+def test_gguf_metadata_equals_the_fields_of_read_gguf(smol):
+    fields = smol[2]
+    meta = llama.gguf_metadata()
+    assert list(meta) == list(fields)  # same keys, same order
+    assert meta == fields
+    assert meta["tokenizer.chat_template"] == SMOLLM2_TEMPLATE == smol[0].chat_template
+    assert not any(k.startswith("GGUF.") for k in meta)  # the file header is not metadata
+
+
+def test_gguf_metadata_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        llama.gguf_metadata(tmp_path / "missing.gguf")
+
+
+def test_render_chat_smollm2_template():
+    user = {"role": "user", "content": "What is 2 + 2?"}
+    # no system message: the template inserts its default one
+    assert llama.render_chat(SMOLLM2_TEMPLATE, [user]) == (
+        DEFAULT_SYSTEM + "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n")
+    assert llama.render_chat(SMOLLM2_TEMPLATE, [user], add_generation_prompt=False) == (
+        DEFAULT_SYSTEM + "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n")
+    # an explicit system message replaces the default; a whole conversation, multi-line content
+    messages = [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello.\nHow can I help?"},
+        {"role": "user", "content": "Say {{ 7 * 7 }}"},  # content is data, never template code
+    ]
+    assert llama.render_chat(SMOLLM2_TEMPLATE, messages) == (
+        "<|im_start|>system\nAnswer briefly.<|im_end|>\n"
+        "<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\nHello.\nHow can I help?<|im_end|>\n"
+        "<|im_start|>user\nSay {{ 7 * 7 }}<|im_end|>\n"
+        "<|im_start|>assistant\n")
+    # a system message that is not the first one does not suppress the default
+    late = [user, {"role": "system", "content": "late"}]
+    assert llama.render_chat(SMOLLM2_TEMPLATE, late, add_generation_prompt=False) == (
+        DEFAULT_SYSTEM + "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>system\nlate<|im_end|>\n")
+    # the caller's dicts are not modified, and tuples of messages are accepted
+    assert messages[0] == {"role": "system", "content": "Answer briefly."}
+    assert llama.render_chat(SMOLLM2_TEMPLATE, (user,)) == llama.render_chat(SMOLLM2_TEMPLATE, [user])
+
+
+def test_render_chat_runs_in_a_sandbox():
+    from jinja2.exceptions import SecurityError
+
+    msgs = [{"role": "user", "content": "x"}]
+    # the immutable sandbox refuses to modify the messages and hides dunder attributes
+    with pytest.raises(SecurityError):
+        llama.render_chat("{{ messages.append(1) }}", msgs)
+    assert llama.render_chat("{{ ''.__class__ }}", msgs) == ""
+
+
+def test_render_chat_rejects_bad_input():
+    msgs = [{"role": "user", "content": "x"}]
+    for bad in ("", None, 3):
+        with pytest.raises(ValueError, match="template must be a non-empty string"):
+            llama.render_chat(bad, msgs)
+    for bad in ([], None, "hello", {"role": "user", "content": "x"}):
+        with pytest.raises(ValueError, match="messages must be a non-empty list"):
+            llama.render_chat(SMOLLM2_TEMPLATE, bad)
+    for bad in ({"role": "user"}, {"content": "x"}, {"role": "user", "content": 3}, "user: x"):
+        with pytest.raises(ValueError, match=r"messages\[1\] must be a mapping with string 'role' and 'content'"):
+            llama.render_chat(SMOLLM2_TEMPLATE, [msgs[0], bad])
+    with pytest.raises(TypeError, match="add_generation_prompt must be a bool"):
+        llama.render_chat(SMOLLM2_TEMPLATE, msgs, add_generation_prompt="yes")
+
+
+# ----------------------------------------------------------------------------- KV cache growth
+
+
+def test_kv_cache_growth_equals_concatenation():
+    gen = torch.Generator().manual_seed(0)
+    cache = llama.KVCache(2)
+    assert cache.length == 0
+    # chunks that fill the first 256 rows exactly, cross them, and cross the doubled 512
+    sizes = [100, 156, 1, 99, 300, 1, 50]
+    capacities = [256, 256, 512, 512, 1024, 1024, 1024]  # max(n + t, 256, 2 * old capacity)
+    ks = {0: [], 1: []}
+    vs = {0: [], 1: []}
+    views = []
+    for t, cap in zip(sizes, capacities):
+        for layer in (0, 1):
+            k = torch.randn(2, 3, t, 8, generator=gen, dtype=torch.float64)
+            v = torch.randn(2, 3, t, 5, generator=gen, dtype=torch.float64)  # values: another head dim
+            ks[layer].append(k)
+            vs[layer].append(v)
+            keys, values = cache.update(layer, k, v)
+            assert torch.equal(keys, torch.cat(ks[layer], dim=2))
+            assert torch.equal(values, torch.cat(vs[layer], dim=2))
+            assert keys.dtype == torch.float64 and values.shape == (2, 3, sum(x.shape[2] for x in vs[layer]), 5)
+            views.append((keys, torch.cat(ks[layer], dim=2)))
+        assert cache.length == sum(x.shape[2] for x in ks[0])
+        assert cache._keys[0].shape[2] == cache._values[1].shape[2] == cap  # the growth this test means to cross
+    assert cache.length == sum(sizes) == 707
+    # views returned earlier are unchanged by later appends into the same buffer
+    for view, want in views:
+        assert torch.equal(view, want)
+    with pytest.raises(ValueError, match="n_layers must be >= 1"):
+        llama.KVCache(0)
+
+
+@needs_model
+def test_kv_cache_decoding_past_the_first_capacity(smol, models, typing_ids):
+    """Prefill 20 tokens, then decode 300 one at a time: the cache grows past 256 rows."""
+    config, weights, _, _ = smol
+    model = models["half"]
+    ids = torch.tensor([typing_ids[:320]])
+    with torch.no_grad():
+        full = model(ids).double()
+        full64 = llama.build_model(config, {k: v.double() for k, v in weights.items()}, "half")(ids)
+        cache = llama.KVCache(config.n_layers)
+        parts = [model(ids[:, :20], cache)]
+        for i in range(20, 320):
+            parts.append(model(ids[:, i:i + 1], cache))
+        assert cache.length == 320 and cache._keys[0].shape[2] == 512
+        stepped = torch.cat(parts, dim=1).double()
+    # The bound of test_kv_cache_decoding_equals_the_full_forward, with d32 measured on these
+    # 320 tokens: each float32 path is within about d32 of float64, so they differ by at most
+    # about 2 * d32 (x2 margin).
+    d32 = (full - full64).abs().max().item()
+    assert 0 < d32 < 1e-2
+    assert (stepped - full).abs().max().item() <= 4 * d32
+    assert (stepped - full64).abs().max().item() <= 2 * d32
