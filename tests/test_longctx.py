@@ -452,9 +452,6 @@ def test_passkey_prompt_shape_and_placement(smol, template, n_tokens):
 
 
 @needs_model
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="BUG in companion/longctx.py passkey_prompt: check_finite_number(depth) requires "
-                          "depth > 0, so the documented depth 0 is rejected")
 def test_passkey_prompt_depth_zero(smol, template):
     tok = smol[3]
     ids = longctx.passkey_prompt(tok, template, 300, 0.0, 48213)
@@ -551,16 +548,12 @@ def test_main_ppl_writes_csv_and_json(tmp_path, model, smol, stream, monkeypatch
 
 
 @needs_model
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="BUG in companion/longctx.py _cmd_ppl: the final summarize(rows) needs tokens / 2 "
-                          "and tokens - 1024 on bucket edges, so any --length below 1024 (or off the "
-                          "buckets) ends in ValueError after the CSV is written")
 def test_main_ppl_short_length(tmp_path, model, smol, stream, monkeypatch):
     _reuse_fixtures(monkeypatch, model, smol, stream)
     out = tmp_path / "x.csv"
-    argv = ["ppl", "--length", "128", "--windows", "1", "--methods", "none", "--out", str(out),
+    argv = ["ppl", "--length", "128", "--windows", "1", "--methods", "none", "--bucket", "32", "--out", str(out),
             "--json", str(tmp_path / "x.json")]
-    assert longctx.main(argv) == 0
+    assert longctx.main(argv) == 0  # the summary's "last" shrinks to half the window
     assert load_csv(out)[0]["command"] == "python -m companion.longctx " + " ".join(argv)
 
 
@@ -570,6 +563,10 @@ def test_main_rejects_bad_arguments(tmp_path):
         longctx.main(["ppl", "--length", "128", "--windows", "0", "--out", out])
     with pytest.raises(ValueError, match="length must be >= 2, got 1"):
         longctx.main(["ppl", "--length", "1", "--out", out])
+    with pytest.raises(ValueError, match=r"length must be a multiple of 2 \* bucket = 512, .* got length 128"):
+        longctx.main(["ppl", "--length", "128", "--out", out])  # default bucket 256
+    with pytest.raises(ValueError, match="bucket must be >= 1, got 0"):
+        longctx.main(["ppl", "--length", "128", "--bucket", "0", "--out", out])
     with pytest.raises(SystemExit):  # argparse: not a method
         longctx.main(["ppl", "--methods", "linear", "--out", out])
     assert not (tmp_path / "x.csv").exists()
