@@ -156,6 +156,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, device=device))
 
     def forward(self, x: Tensor) -> Tensor:
+        """``x / sqrt(mean(x**2) + eps) * weight`` over the last dimension, computed in float32 or wider."""
         work = torch.promote_types(x.dtype, torch.float32)
         xf = x.to(work)
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -215,6 +216,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False, device=device)
 
     def forward(self, x: Tensor, rope: RotaryEmbedding, start: int, cache: KVCache | None) -> Tensor:
+        """Attention for ``x`` ``(batch, seq, dim)`` at positions ``start ..``, extending ``cache`` if given."""
         b, t, _ = x.shape
         q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
@@ -246,6 +248,7 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False, device=device)
 
     def forward(self, x: Tensor) -> Tensor:
+        """SwiGLU: ``w2(silu(w1 x) * w3 x)``."""
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
@@ -260,6 +263,7 @@ class Block(nn.Module):
         self.feed_forward = FeedForward(cfg, device)
 
     def forward(self, x: Tensor, rope: RotaryEmbedding, start: int, cache: KVCache | None) -> Tensor:
+        """One pre-norm block: ``h = x + attention(norm(x))``, then ``h + feed_forward(norm(h))``."""
         h = x + self.attention(self.attention_norm(x), rope, start, cache)
         return h + self.feed_forward(self.ffn_norm(h))
 

@@ -4,7 +4,7 @@ Two experiments, both on a :class:`companion.llama.LlamaModel` with a chapter-9 
 config installed by :meth:`~companion.llama.LlamaModel.set_rope_config`, and no fine-tuning:
 
 * **Perplexity by position.** :func:`token_stream` tokenizes the lab corpus's held-out
-  standard-library files (:func:`companion.lab.corpus.load_corpus`, validation split) into
+  standard-library files (``companion.lab.load_corpus``, validation split) into
   one stream; window ``w`` is tokens ``[w * L, (w + 1) * L)`` of it. :func:`evaluate_window`
   runs one causal pass per method over a window and sums the per-token loss in buckets of
   target positions, so that the first half, the second half, the last 1024 tokens, or a
@@ -107,7 +107,7 @@ def method_config(method: str, factor: float, original: int, base: float) -> dic
 def token_stream(tokenizer: Any, root: str | None = None) -> tuple[list[int], dict[str, Any]]:
     """Token ids of the lab corpus's validation split (held-out stdlib files), and its info.
 
-    The split is :func:`companion.lab.corpus.load_corpus`'s (files concatenated in sorted
+    The split is ``companion.lab.load_corpus``'s (files concatenated in sorted
     path order), decoded as UTF-8 (invalid bytes replaced) and encoded with ``tokenizer``
     (a ``tokenizers.Tokenizer``). ``info`` is the corpus info plus the token count and the
     SHA-256 of the ids, so that a stored result can tell whether it was computed on the
