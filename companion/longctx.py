@@ -73,8 +73,9 @@ PASSKEY_FIELDS = ("tokens", "prompt_tokens", "method", "depth", "key", "answer",
 def method_config(method: str, factor: float, original: int, base: float) -> dict[str, Any] | None:
     """The chapter-9 scaling config of ``method`` at ``factor`` over ``original`` positions.
 
-    ``None`` for ``"none"`` (plain RoPE with ``base``). The others are HuggingFace-style
-    dicts for :func:`companion.scaling.compute_inv_freq`: ``linear`` (PI), ``ntk`` (base
+    ``None`` for ``"none"`` (plain RoPE with ``base``). The others are the configs of
+    chapter 9's lab (``companion.lab.extend.method_config``), HuggingFace-style dicts for
+    :func:`companion.scaling.compute_inv_freq`: ``linear`` (PI), ``ntk`` (base
     ``b * s**(d / (d - 2))``), ``dynamic`` (Dynamic NTK, relative to ``original``), ``yarn``
     (HF's defaults ``beta_fast = 32``, ``beta_slow = 1``, attention factor
     ``0.1 ln s + 1``) and ``llama3`` (``low_freq_factor = 1``, ``high_freq_factor = 4``, as
@@ -89,19 +90,9 @@ def method_config(method: str, factor: float, original: int, base: float) -> dic
     base = check_finite_number(base, "base")
     if method == "none":
         return None
-    cfg: dict[str, Any] = {"rope_theta": float(base), "factor": float(factor)}
-    if method == "pi":
-        cfg["rope_type"] = "linear"
-    elif method == "ntk":
-        cfg["rope_type"] = "ntk"
-    elif method == "dynamic":
-        cfg["rope_type"] = "dynamic"
-    elif method == "yarn":
-        cfg.update(rope_type="yarn", original_max_position_embeddings=original)
-    else:
-        cfg.update(rope_type="llama3", low_freq_factor=1.0, high_freq_factor=4.0,
-                   original_max_position_embeddings=original)
-    return cfg
+    from .lab.extend import method_config as lab_method_config  # chapter 9's configs, one definition
+
+    return lab_method_config(method, factor, original, head_dim=0, base=base)  # head_dim: LongRoPE only
 
 
 def token_stream(tokenizer: Any, root: str | None = None) -> tuple[list[int], dict[str, Any]]:

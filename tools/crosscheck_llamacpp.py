@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from companion.llama import read_gguf, build_model, gguf_tokenizer  # noqa: E402
-from companion.longctx import method_config, summarize, token_stream, window  # noqa: E402
+from companion.longctx import _bucket_rows, method_config, summarize, token_stream, window  # noqa: E402
 from companion.pretrained import smollm2_gguf_path  # noqa: E402
 from companion.scaling import llama_cpp_rope_args  # noqa: E402
 from companion.utils import load_csv, save_result  # noqa: E402
@@ -149,13 +149,9 @@ def main() -> int:
         nll = llamacpp_nll(llm, ids)
         sec = time.perf_counter() - t
         del llm
-        cpp_rows = []
-        n = len(nll) + 1
-        for start in range(0, n, bucket):
-            end = min(start + bucket, n)
-            part = nll[max(start - 1, 0):end - 1]
-            cpp_rows.append({"window": 0, "method": m, "tokens": length, "bucket_start": start,
-                             "nll_sum": float(part.sum()), "count": len(part), "seconds": sec})
+        cpp_rows = [{"window": 0, "method": m, "tokens": length, "bucket_start": start, "nll_sum": total,
+                     "count": count, "seconds": sec}
+                    for start, _, total, count in _bucket_rows(torch.from_numpy(nll), bucket)]
         mine = {(int(r["bucket_start"])): math.exp(float(r["nll_sum"]) / int(r["count"]))
                 for r in rows0 if r["method"] == m}
         theirs_b = {r["bucket_start"]: math.exp(r["nll_sum"] / r["count"]) for r in cpp_rows}
