@@ -8,6 +8,8 @@ to the token embeddings, ``rotate``/``bias``/``score`` inside every layer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -16,7 +18,7 @@ from ._checks import as_positions, check_bool, check_choice, check_positive_int,
 from .attention import NoPE, PositionScheme, attention
 from .dispatch import fast_attention
 
-__all__ = ["ATTENTION_IMPLS", "MultiHeadAttention", "TinyDecoder"]
+__all__ = ["ATTENTION_IMPLS", "MultiHeadAttention", "TinyDecoder", "nope_every"]
 
 #: The values ``attention_impl`` takes, ``"auto"`` (:func:`companion.dispatch.fast_attention`,
 #: the fastest correct path per scheme) or ``"reference"`` (:func:`companion.attention.attention`).
@@ -125,6 +127,35 @@ class MultiHeadAttention(nn.Module):
         return (out, weights) if return_weights else out
 
 
+def nope_every(n_layers: int, interval: int) -> tuple[int, ...]:
+    """The layers that are NoPE when every ``interval``-th layer drops its positions.
+
+    Layer ``i`` (from 0) is NoPE when ``(i + 1) % interval == 0``: with ``interval = 4`` the
+    4th, 8th, ... layers, the pattern of Llama 4's and SmolLM3's ``no_rope_layers``
+    (``int((i + 1) % 4 != 0)`` per layer, 1 = RoPE). Pass the result as ``nope_layers``
+    to :class:`TinyDecoder`.
+    """
+    check_positive_int(n_layers, "n_layers")
+    check_positive_int(interval, "interval")
+    return tuple(i for i in range(n_layers) if (i + 1) % interval == 0)
+
+
+def _check_nope_layers(nope_layers: object, n_layers: int) -> tuple[int, ...]:
+    """A sequence of distinct layer indices in ``[0, n_layers)``, returned sorted."""
+    if isinstance(nope_layers, (str, bytes)) or not isinstance(nope_layers, Sequence):
+        raise TypeError(f"nope_layers must be a sequence of layer indices, got {type(nope_layers).__name__}")
+    out = []
+    for i in nope_layers:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise TypeError(f"nope_layers must hold ints, got {i!r}")
+        if not 0 <= i < n_layers:
+            raise IndexError(f"nope_layers entries must lie in [0, {n_layers}) (n_layers = {n_layers}), got {i}")
+        out.append(i)
+    if len(set(out)) != len(out):
+        raise ValueError(f"nope_layers must not repeat a layer, got {list(nope_layers)}")
+    return tuple(sorted(out))
+
+
 def _check_scheme(scheme: object, n_heads: int) -> PositionScheme:
     """``None`` means NoPE; a scheme must be a PositionScheme that fits ``n_heads`` heads."""
     scheme = NoPE() if scheme is None else scheme
@@ -160,6 +191,12 @@ class TinyDecoder(nn.Module):
         d_ff: hidden width of the MLP (default ``4 * d_model``).
         n_kv_heads: key/value heads for grouped-query attention (default ``n_heads``).
         tie_weights: share the token embedding with the output head.
+        nope_layers: indices of layers that use no position scheme at all (NoPE) while the
+            others use ``scheme``: the hybrid of SmolLM3 and Llama 4, whose configs give a
+            per-layer ``no_rope_layers`` list (1 = RoPE, 0 = NoPE); convert it with
+            ``[i for i, r in enumerate(no_rope_layers) if not r]``, or build the every-k-th
+            pattern with :func:`nope_every`. ``embed`` still acts once, below the first
+            layer. Default: none.
         attention_impl: the attention of every layer, ``"auto"`` (the fastest correct path,
             :func:`companion.dispatch.fast_attention`) or ``"reference"``; see
             :class:`MultiHeadAttention`.
@@ -184,6 +221,7 @@ class TinyDecoder(nn.Module):
         n_kv_heads: int | None = None,
         tie_weights: bool = True,
         attention_impl: str = "auto",
+        nope_layers: Sequence[int] = (),
     ) -> None:
         super().__init__()
         check_positive_int(vocab_size, "vocab_size")
@@ -193,10 +231,13 @@ class TinyDecoder(nn.Module):
         check_bool(tie_weights, "tie_weights")
         check_choice(attention_impl, "attention_impl", ATTENTION_IMPLS)
         self.scheme = _check_scheme(scheme, n_heads)
+        self.nope_layers = _check_nope_layers(nope_layers, n_layers)
+        nope = NoPE()
         self.tok = nn.Embedding(vocab_size, d_model)
         d_ff = 4 * d_model if d_ff is None else check_positive_int(d_ff, "d_ff")
         self.blocks = nn.ModuleList(
-            _Block(d_model, n_heads, d_ff, self.scheme, n_kv_heads, attention_impl) for _ in range(n_layers)
+            _Block(d_model, n_heads, d_ff, nope if i in self.nope_layers else self.scheme, n_kv_heads,
+                   attention_impl) for i in range(n_layers)
         )
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
@@ -251,9 +292,10 @@ class TinyDecoder(nn.Module):
                 )
             attn_mask = attn_mask[:, None, None, :]
         x = self.scheme.embed(self.tok(idx), pos)
-        cache: dict = {}  # one scheme, one set of positions and masks: shared by the layers
+        # one set of positions and masks; the layers that share a scheme share its mask and bias
+        caches: dict[int, dict] = {}
         for block in self.blocks:
-            x = block(x, pos, attn_mask, cache)
+            x = block(x, pos, attn_mask, caches.setdefault(id(block.attn.scheme), {}))
         return self.head(self.ln_f(x))
 
     def loss(self, idx: Tensor, targets: Tensor, position_ids: Tensor | None = None) -> Tensor:

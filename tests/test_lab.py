@@ -318,6 +318,16 @@ def test_builtin_names_have_labels():
     assert list(LABELS) == list(BUILTIN)
 
 
+def test_rope_nope_keeps_every_second_layer_without_positions():
+    from companion.lab import build_model
+    from companion.lab.schemes import NOPE_LAYERS, nope_layers_for
+    assert set(NOPE_LAYERS) <= set(BUILTIN)
+    assert nope_layers_for("rope-nope", 4) == (1, 3) and nope_layers_for("rope", 4) == ()
+    model = build_model(TrainConfig(scheme="rope-nope", n_layers=2, steps=10))
+    assert [type(b.attn.scheme).__name__ for b in model.blocks] == ["RotaryEmbedding", "NoPE"]
+    assert type(build_model(TrainConfig(scheme="rope", steps=10)).blocks[1].attn.scheme).__name__ == "RotaryEmbedding"
+
+
 def test_user_scheme_by_import_path():
     scheme = build_scheme(USER_SCHEME, **SHAPE)
     assert type(scheme) is lab_user_scheme.LongBaseRotary

@@ -116,3 +116,53 @@ def test_peak_tensor_bytes_counts_live_storages():
     assert peak == 12000
     peak_view, _ = peak_tensor_bytes(lambda: x.view(10, 100).t())
     assert peak_view == 0
+
+
+# ----------------------------------------------------------------------------- NoPE layers
+
+def test_nope_every_follows_the_llama4_pattern():
+    from companion.model import nope_every
+    # Llama 4 / SmolLM3: no_rope_layers[i] = int((i + 1) % 4 != 0), 1 = RoPE
+    no_rope_layers = [int((i + 1) % 4 != 0) for i in range(12)]
+    assert nope_every(12, 4) == tuple(i for i, r in enumerate(no_rope_layers) if not r) == (3, 7, 11)
+    assert nope_every(3, 4) == ()
+    assert nope_every(2, 1) == (0, 1)
+    with pytest.raises(ValueError, match="interval"):
+        nope_every(4, 0)
+
+
+@pytest.mark.parametrize("scheme_name", ["rope", "alibi"])
+def test_nope_layers_drop_the_scheme_in_those_layers_only(scheme_name):
+    from companion import ALiBi, RotaryEmbedding
+    make = {"rope": lambda: RotaryEmbedding(8), "alibi": lambda: ALiBi(4)}[scheme_name]
+    x = torch.randint(0, 40, (2, 24), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    hybrid = TinyDecoder(40, 32, 4, 3, scheme=make(), nope_layers=(1,)).double()
+    assert [type(b.attn.scheme).__name__ for b in hybrid.blocks] == [
+        type(make()).__name__, "NoPE", type(make()).__name__]
+    # The fast path shares masks and biases between layers: a NoPE layer must not pick up the
+    # scheme's bias. The reference path builds everything per call.
+    ref = TinyDecoder(40, 32, 4, 3, scheme=make(), nope_layers=(1,), attention_impl="reference").double()
+    ref.load_state_dict(hybrid.state_dict())
+    torch.testing.assert_close(hybrid(x), ref(x), rtol=0, atol=1e-12)
+    # and the hybrid differs from the all-scheme model with the same weights (layer 1 changed)
+    full = TinyDecoder(40, 32, 4, 3, scheme=make()).double()
+    full.load_state_dict(hybrid.state_dict())
+    assert (full(x) - hybrid(x)).abs().max() > 1e-6
+    # every layer NoPE is the NoPE model
+    none = TinyDecoder(40, 32, 4, 3, scheme=make(), nope_layers=(0, 1, 2)).double()
+    nope = TinyDecoder(40, 32, 4, 3, scheme=None).double()
+    nope.load_state_dict(none.state_dict(), strict=False)
+    torch.testing.assert_close(none(x), nope(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bad, exc, pattern", [
+    ((3,), IndexError, r"nope_layers entries must lie in \[0, 3\)"),
+    ((-1,), IndexError, r"nope_layers entries must lie in \[0, 3\)"),
+    ((1, 1), ValueError, "must not repeat"),
+    ("1", TypeError, "sequence of layer indices"),
+    ((1.0,), TypeError, "must hold ints"),
+])
+def test_nope_layers_validation(bad, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        TinyDecoder(40, 32, 4, 3, nope_layers=bad)

@@ -27,10 +27,11 @@ from collections.abc import Callable
 from ..absolute import LearnedPositionalEmbedding, ScaledSinusoidalEmbedding
 from ..alibi import ALiBi
 from ..attention import NoPE, PositionScheme
+from ..model import nope_every
 from ..relative import ShawRelative, T5RelativeBias, TransformerXL
 from ..rope import RotaryEmbedding
 
-__all__ = ["BUILTIN", "LABELS", "SchemeShape", "build_scheme", "scheme_label"]
+__all__ = ["BUILTIN", "LABELS", "NOPE_LAYERS", "SchemeShape", "build_scheme", "nope_layers_for", "scheme_label"]
 
 #: The rms per dimension of the added sinusoids at initialisation. A sinusoidal table has rms
 #: ``sqrt(1/2)`` per dimension, which would swamp token embeddings initialised at 0.02;
@@ -86,6 +87,7 @@ BUILTIN: dict[str, Callable[[SchemeShape], PositionScheme]] = {
     "t5": _t5,
     "rope": _rope,
     "alibi": _alibi,
+    "rope-nope": _rope,
 }
 
 #: Display names for figures and tables.
@@ -98,7 +100,22 @@ LABELS: dict[str, str] = {
     "t5": "T5 bias",
     "rope": "RoPE",
     "alibi": "ALiBi",
+    "rope-nope": "RoPE + NoPE layers",
 }
+
+
+#: Built-in schemes whose model keeps some layers without positions (NoPE), as a function of the
+#: number of layers: every 2nd layer for ``rope-nope`` (the lab model has 2; SmolLM3 and Llama 4
+#: drop RoPE in every 4th of theirs).
+NOPE_LAYERS: dict[str, Callable[[int], tuple[int, ...]]] = {
+    "rope-nope": lambda n_layers: nope_every(n_layers, 2),
+}
+
+
+def nope_layers_for(name: str, n_layers: int) -> tuple[int, ...]:
+    """The ``nope_layers`` of :class:`~companion.model.TinyDecoder` for the lab scheme ``name``."""
+    plan = NOPE_LAYERS.get(name)
+    return () if plan is None else plan(n_layers)
 
 
 def scheme_label(name: str) -> str:

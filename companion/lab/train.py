@@ -33,7 +33,7 @@ from ..model import TinyDecoder
 from ..utils import provenance
 from .corpus import Corpus
 from .data import sample_batch
-from .schemes import build_scheme
+from .schemes import build_scheme, nope_layers_for
 
 __all__ = ["TrainConfig", "train", "build_model", "load_checkpoint", "lr_at", "DTYPES"]
 
@@ -109,7 +109,8 @@ def build_model(cfg: TrainConfig) -> TinyDecoder:
     torch.manual_seed(cfg.seed)
     scheme = build_scheme(cfg.scheme, d_model=cfg.d_model, n_heads=cfg.n_heads,
                           max_len=cfg.max_len, train_len=cfg.seq_len)
-    model = TinyDecoder(256, cfg.d_model, cfg.n_heads, cfg.n_layers, scheme=scheme)
+    model = TinyDecoder(256, cfg.d_model, cfg.n_heads, cfg.n_layers, scheme=scheme,
+                        nope_layers=nope_layers_for(cfg.scheme, cfg.n_layers))
     return model.to(DTYPES[cfg.dtype])
 
 
