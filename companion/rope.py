@@ -765,8 +765,10 @@ class RotaryEmbedding(PositionScheme):
             raise ValueError(f"inv_freq must have shape (rotary_dim // 2,) = ({h},), got {tuple(inv_freq.shape)}")
         if not inv_freq.dtype.is_floating_point:
             raise TypeError(f"inv_freq must be a floating-point tensor, got dtype {inv_freq.dtype}")
-        if not bool(torch.isfinite(inv_freq).all()) or bool((inv_freq <= 0).any()):
-            raise ValueError("inv_freq must hold finite values > 0")
+        # 0 is allowed: a pair with zero frequency does not rotate (p-RoPE, Gemma 4's
+        # "proportional" type); negative or non-finite frequencies are errors.
+        if not bool(torch.isfinite(inv_freq).all()) or bool((inv_freq < 0).any()):
+            raise ValueError("inv_freq must hold finite values > 0 (or 0 for a pair that does not rotate)")
         attention_scaling = check_finite_number(attention_scaling, "attention_scaling")
         self.base = None
         device = self.inv_freq.device if self.inv_freq.numel() else inv_freq.device

@@ -4,27 +4,33 @@ A RoPE model trained at length ``L`` has seen only the rotation angles ``p * the
 ``p < L``. Each method below changes the inverse frequencies ``theta_i`` (and sometimes the
 magnitude of the cos/sin tables) so that a longer context reuses angles the model knows:
 
-==============  ==========================================================================
-``rope_type``   what it does to ``theta_i = b ** (-2 i / d)`` (``s`` = ``factor``)
-==============  ==========================================================================
-``default``     nothing (plain RoPE)
-``linear``      Position Interpolation: ``theta_i / s`` for every pair
-                (:cite:`chen2023extending`)
-``ntk``         NTK-aware base change: ``b' = b * s ** (d / (d - 2))``, so the highest
-                frequency is unchanged and the lowest is divided by exactly ``s``
-                (:cite:`bloc97ntk2023`); not a HuggingFace type
-``dynamic``     Dynamic NTK: the NTK base recomputed from the current length ``n``,
-                ``b * (s n / M - (s - 1)) ** (d / (d - 2))`` with ``n = max(n, M)``
-``yarn``        NTK-by-parts: pairs that turn fewer than ``beta_slow`` times over the
-                original length are interpolated, pairs that turn more than ``beta_fast``
-                times are kept, a linear ramp in between; plus an attention factor
-                ``0.1 ln s + 1`` on cos and sin (:cite:`peng2024yarn`)
-``llama3``      Llama 3.1: wavelengths above ``L / low_freq_factor`` divided by ``s``,
-                below ``L / high_freq_factor`` kept, smoothed in between
-``longrope``    per-pair factors found by search, ``short_factor`` up to the original
-                length and ``long_factor`` beyond it, and the attention factor
-                ``sqrt(1 + ln s / ln L)`` (:cite:`ding2024longrope`)
-==============  ==========================================================================
+================  ==========================================================================
+``rope_type``     what it does to ``theta_i = b ** (-2 i / d)`` (``s`` = ``factor``)
+================  ==========================================================================
+``default``       nothing (plain RoPE)
+``linear``        Position Interpolation: ``theta_i / s`` for every pair
+                  (:cite:`chen2023extending`)
+``ntk``           NTK-aware base change: ``b' = b * s ** (d / (d - 2))``, so the highest
+                  frequency is unchanged and the lowest is divided by exactly ``s``
+                  (:cite:`bloc97ntk2023`); not a HuggingFace type
+``dynamic``       Dynamic NTK: the NTK base recomputed from the current length ``n``,
+                  ``b * (s n / M - (s - 1)) ** (d / (d - 2))`` with ``n = max(n, M)``
+``yarn``          NTK-by-parts: pairs that turn fewer than ``beta_slow`` times over the
+                  original length are interpolated, pairs that turn more than ``beta_fast``
+                  times are kept, a linear ramp in between; plus an attention factor
+                  ``0.1 ln s + 1`` on cos and sin (:cite:`peng2024yarn`)
+``llama3``        Llama 3.1: wavelengths above ``L / low_freq_factor`` divided by ``s``,
+                  below ``L / high_freq_factor`` kept, smoothed in between
+``longrope``      per-pair factors found by search, ``short_factor`` up to the original
+                  length and ``long_factor`` beyond it, and the attention factor
+                  ``sqrt(1 + ln s / ln L)`` (:cite:`ding2024longrope`)
+``proportional``  Gemma 4's partial rotary over the whole head: the first
+                  ``int(partial_rotary_factor * d // 2)`` pairs keep ``theta_i`` (exponents
+                  over ``d = head_dim``, not over the rotated width), the other pairs get
+                  frequency 0 (they do not rotate); all divided by ``factor`` (default 1).
+                  This is p-RoPE (:cite:`barbero2025round`), see
+                  ``companion.rope_variants.PRoPE``
+================  ==========================================================================
 
 Conventions are HuggingFace transformers v5's (``modeling_rope_utils.py``), which real
 checkpoints' ``config.json`` files are written for; every function reproduces its float32
@@ -75,6 +81,7 @@ __all__ = [
     "ntk_base",
     "dynamic_ntk_base",
     "llama_cpp_rope_args",
+    "proportional_rope_angles",
 ]
 
 #: HuggingFace's default RoPE base, used (with a warning) when a config has no ``rope_theta``.
@@ -90,6 +97,7 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
     "yarn": ("factor", "original_max_position_embeddings"),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
+    "proportional": (),
 }
 _OPTIONAL: dict[str, tuple[str, ...]] = {
     "default": (),
@@ -99,6 +107,7 @@ _OPTIONAL: dict[str, tuple[str, ...]] = {
     "yarn": ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"),
     "llama3": (),
     "longrope": ("attention_factor", "factor"),
+    "proportional": ("factor",),
 }
 _COMMON = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
 
@@ -115,7 +124,8 @@ class RopeSpec:
 
     ``params`` is the normalised v5 ``rope_parameters`` dict (``rope_type`` and ``rope_theta``
     always present, ``original_max_position_embeddings`` filled in where the type uses it);
-    ``dim`` is the rotary dimension ``int(head_dim * partial_rotary_factor)``;
+    ``dim`` is the rotary dimension ``int(head_dim * partial_rotary_factor)`` (for
+    ``proportional``, ``head_dim``: its rotation covers the whole head, with zero frequencies);
     ``max_position_embeddings`` is the model's (``None`` if not given).
     """
 
@@ -184,6 +194,20 @@ def _rotary_dim(head_dim: object, partial_rotary_factor: object) -> int:
     return dim
 
 
+def _proportional_dim(head_dim: object, partial_rotary_factor: object) -> int:
+    """``proportional`` rotates the whole head: ``head_dim`` must be even, the factor in (0, 1]."""
+    check_positive_int(head_dim, "head_dim", minimum=2)
+    if head_dim % 2:  # type: ignore[operator]
+        raise ValueError(
+            f"head_dim must be even for rope_type='proportional' (its rotation covers the whole head, "
+            f"in pairs), got {head_dim}"
+        )
+    prf = check_finite_number(partial_rotary_factor, "partial_rotary_factor")
+    if prf > 1:
+        raise ValueError(f"partial_rotary_factor must lie in (0, 1], got {partial_rotary_factor!r}")
+    return head_dim  # type: ignore[return-value]
+
+
 def rope_parameters_from_legacy(rope_scaling: Mapping[str, Any] | None, rope_theta: float | None = None) -> dict[str, Any]:
     """Convert an old ``rope_scaling`` dict (transformers < 5) to the v5 ``rope_parameters`` form.
 
@@ -250,7 +274,10 @@ def parse_rope_config(
                 f"rope_config['partial_rotary_factor']={params['partial_rotary_factor']!r}"
             )
         partial_rotary_factor = in_dict
-    dim = _rotary_dim(head_dim, partial_rotary_factor)
+    if rope_type == "proportional":
+        dim = _proportional_dim(head_dim, partial_rotary_factor)
+    else:
+        dim = _rotary_dim(head_dim, partial_rotary_factor)
     if float(partial_rotary_factor) != 1.0:
         params["partial_rotary_factor"] = float(partial_rotary_factor)  # v5 keeps it in the dict
     if rope_type in ("ntk", "dynamic") and dim < 4:
@@ -471,6 +498,34 @@ def _longrope(spec: RopeSpec, seq_len: int | Tensor | None) -> tuple[Tensor, flo
     return 1.0 / (ext * spec.theta ** _exponents(spec.dim)), float(attention_factor)
 
 
+def proportional_rope_angles(head_dim: int, partial_rotary_factor: float) -> int:
+    """The number of rotating pairs of ``proportional`` RoPE: ``int(partial_rotary_factor * head_dim // 2)``.
+
+    HuggingFace's expression, float arithmetic included (``0.58 * 100 // 2`` is 28, since
+    ``0.58 * 100`` is ``57.99999999999999`` in floating point), which is also the pseudocode of
+    p-RoPE (:cite:`barbero2025round`, ``rope_angles = int(rope_percentage * head_dim // 2)``).
+    """
+    return int(partial_rotary_factor * head_dim // 2)
+
+
+def _proportional(spec: RopeSpec, seq_len: int | Tensor | None) -> tuple[Tensor, float]:
+    # transformers v5, modeling_rope_utils.py, _compute_proportional_rope_parameters (Gemma 4),
+    # read in a copy of the v5 source: rope_angles = int(partial_rotary_factor * head_dim // 2);
+    # inv_freq_rotated = 1 / base ** (arange(0, 2 * rope_angles, 2) / head_dim) (denominator
+    # head_dim, not the rotated width); then head_dim // 2 - rope_angles zeros; all divided by
+    # factor = rope_parameters.get("factor", 1.0); attention factor 1.0. Same float32 operations.
+    p, head_dim = spec.params, spec.dim
+    rope_angles = proportional_rope_angles(head_dim, p.get("partial_rotary_factor", 1.0))
+    exponents = torch.arange(0, 2 * rope_angles, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (spec.theta ** exponents)
+    nope_angles = head_dim // 2 - rope_angles
+    if nope_angles > 0:
+        inv_freq = torch.cat((inv_freq, torch.zeros(nope_angles, dtype=torch.float32)))
+    factor = p.get("factor")
+    inv_freq /= 1.0 if factor is None else factor
+    return inv_freq, 1.0
+
+
 #: One function per method, keyed by ``rope_type``, each mapping ``(spec, seq_len)`` to
 #: ``(inv_freq, attention_factor)``; HuggingFace's ``ROPE_INIT_FUNCTIONS`` plays the same role.
 ROPE_SCALING_FUNCTIONS: dict[str, Callable[[RopeSpec, int | Tensor | None], tuple[Tensor, float]]] = {
@@ -481,6 +536,7 @@ ROPE_SCALING_FUNCTIONS: dict[str, Callable[[RopeSpec, int | Tensor | None], tupl
     "yarn": _yarn,
     "llama3": _llama3,
     "longrope": _longrope,
+    "proportional": _proportional,
 }
 assert tuple(ROPE_SCALING_FUNCTIONS) == ROPE_TYPES
 
@@ -520,7 +576,8 @@ def compute_inv_freq(rope_config: dict, head_dim: int, *,
         partial_rotary_factor: the rotated fraction of ``head_dim`` (or put it in the dict).
 
     Returns:
-        ``(inv_freq, attention_factor)``: float32 ``(rotary_dim // 2,)`` on the CPU, and the
+        ``(inv_freq, attention_factor)``: float32 ``(rotary_dim // 2,)`` on the CPU
+        (``(head_dim // 2,)`` for ``proportional``, whose last pairs have frequency 0), and the
         factor that multiplies both cos and sin tables (1.0 except for YaRN and LongRoPE).
     """
     spec = parse_rope_config(rope_config, head_dim, max_position_embeddings=max_position_embeddings,
@@ -555,7 +612,8 @@ def llama_cpp_rope_args(rope_config: Mapping[str, Any], head_dim: int, *, max_po
       ``rope_freqs`` tensor for Llama-3 (``inv_freq = theta_i / rope_freqs[i]``, returned
       under ``"rope_freqs"``) and two, ``rope_factors_short`` and ``rope_factors_long``, for
       LongRoPE, whose attention factor goes in the GGUF key ``rope.scaling.attn_factor``.
-      Dynamic NTK has no llama.cpp equivalent: the function returns ``None``.
+      Dynamic NTK has no llama.cpp equivalent: the function returns ``None``; nor has
+      ``proportional`` here (its zero frequencies have no option): ``None`` too.
     """
     spec = parse_rope_config(rope_config, head_dim, max_position_embeddings=max_position_embeddings,
                              partial_rotary_factor=partial_rotary_factor)
@@ -566,7 +624,7 @@ def llama_cpp_rope_args(rope_config: Mapping[str, Any], head_dim: int, *, max_po
         return {"--rope-scaling": "linear", "--rope-freq-base": spec.theta, "--rope-freq-scale": 1.0 / p["factor"]}
     if t == "ntk":
         return {"--rope-scaling": "none", "--rope-freq-base": ntk_base(spec.theta, p["factor"], spec.dim)}
-    if t == "dynamic":
+    if t in ("dynamic", "proportional"):
         return None  # type: ignore[return-value]
     if t == "yarn":
         inv_freq, attention = _yarn(spec, None)

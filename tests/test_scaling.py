@@ -503,6 +503,8 @@ CONFIGS = {
                "high_freq_factor": 4.0, "original_max_position_embeddings": 2048},
     "longrope": {"rope_type": "longrope", "rope_theta": 5e5, "short_factor": [1.0 + i / 16 for i in range(16)],
                  "long_factor": [2.0 + i for i in range(16)], "original_max_position_embeddings": 2048},
+    # no partial_rotary_factor here: the parametrized tests below add their own
+    "proportional": {"rope_type": "proportional", "rope_theta": 5e5, "factor": 2.0},
 }
 assert tuple(CONFIGS) == ROPE_TYPES
 
@@ -565,7 +567,8 @@ def test_partial_factor_in_the_dict_or_as_argument(rope_type):
     cfg = CONFIGS[rope_type]  # head_dim 64 * 0.5 = 32 rotated dims: longrope's 16 factors fit
     a = compute_inv_freq(cfg, 64, partial_rotary_factor=0.5, max_position_embeddings=M, seq_len=M + 1)
     b = compute_inv_freq({**cfg, "partial_rotary_factor": 0.5}, 64, max_position_embeddings=M, seq_len=M + 1)
-    assert a[0].shape == (16,) and same(a, b)
+    # proportional returns head_dim // 2 frequencies (zeros past the rotating pairs)
+    assert a[0].shape == ((32,) if rope_type == "proportional" else (16,)) and same(a, b)
     # the same value in both places is fine; different values are an error
     compute_inv_freq({**cfg, "partial_rotary_factor": 0.5}, 64, partial_rotary_factor=0.5, max_position_embeddings=M)
     with pytest.raises(ValueError, match="partial_rotary_factor"):
@@ -914,3 +917,127 @@ def test_llama_cpp_longrope():
     assert args["rope_factors_long"] == CONFIGS["longrope"]["long_factor"]
     assert math.isclose(args["rope.scaling.attn_factor"], math.sqrt(1 + math.log(16) / math.log(2048)),
                         rel_tol=8 * U64)
+
+
+# ----------------------------------------------------------------------------- proportional (Gemma 4)
+
+
+def hf_proportional(head_dim, base, partial_rotary_factor=1.0, factor=1.0):
+    """transformers v5's _compute_proportional_rope_parameters, transcribed (float32, same ops)."""
+    rope_angles = int(partial_rotary_factor * head_dim // 2)
+    inv_freq_rotated = 1.0 / (base ** (torch.arange(0, 2 * rope_angles, 2, dtype=torch.int64).to(dtype=torch.float)
+                                       / head_dim))
+    nope_angles = head_dim // 2 - rope_angles
+    if nope_angles > 0:
+        inv_freq = torch.cat((inv_freq_rotated, torch.zeros(nope_angles, dtype=torch.float32)), dim=0)
+    else:
+        inv_freq = inv_freq_rotated
+    inv_freq /= factor
+    return inv_freq
+
+
+@given(head_dim=st.sampled_from([2, 8, 10, 64, 100, 256, 512]), prf=st.floats(0.01, 1.0),
+       base=st.sampled_from([1e4, 5e5, 1e6]), factor=st.floats(1.0, 16.0), in_dict=st.booleans())
+def test_proportional_is_hf_bit_for_bit(head_dim, prf, base, factor, in_dict):
+    cfg = {"rope_type": "proportional", "rope_theta": base, "factor": factor}
+    if in_dict:
+        got, att = compute_inv_freq({**cfg, "partial_rotary_factor": prf}, head_dim)
+    else:
+        got, att = compute_inv_freq(cfg, head_dim, partial_rotary_factor=prf)
+    want = hf_proportional(head_dim, base, prf, factor)
+    assert got.shape == (head_dim // 2,) and got.dtype == torch.float32 and att == 1.0
+    assert torch.equal(got, want)
+    # against the float64 formula: theta_i / s for the first int(prf * d // 2) pairs, then zeros.
+    # Errors: the exponent 2i/d (U) amplified by e ln b <= ln b, the pow (2 U), 1/x (U), / s (U)
+    k = int(prf * head_dim // 2)
+    ref = np.concatenate((ref_theta(base, head_dim)[:k] / factor, np.zeros(head_dim // 2 - k)))
+    np.testing.assert_allclose(got.double().numpy(), ref, rtol=(4 + math.log(base)) * U, atol=0)
+    assert int((got > 0).sum()) == k
+
+
+def test_proportional_defaults_and_a_known_config():
+    # Gemma 4's global layers: head_dim 512, rope_theta 1e6, partial_rotary_factor 0.25
+    cfg = {"rope_type": "proportional", "rope_theta": 1e6, "partial_rotary_factor": 0.25}
+    inv, att = compute_inv_freq(cfg, 512)
+    assert inv.shape == (256,) and int((inv > 0).sum()) == 64 and att == 1.0
+    assert torch.equal(inv, hf_proportional(512, 1e6, 0.25))
+    # no partial_rotary_factor: 1.0, every pair rotates (plain RoPE, bit for bit); factor: linear
+    plain = {"rope_type": "proportional", "rope_theta": 1e6}
+    assert same(compute_inv_freq(plain, 64), compute_inv_freq({"rope_type": "default", "rope_theta": 1e6}, 64))
+    assert same(compute_inv_freq({**plain, "factor": 4.0}, 64),
+                compute_inv_freq({"rope_type": "linear", "rope_theta": 1e6, "factor": 4.0}, 64))
+    # int(prf * d // 2) need not be even: 64 * 0.3 = 19.2 rotated "dims" is fine here (9 pairs),
+    # while the default type rejects an odd rotary dimension
+    assert int((compute_inv_freq({**plain, "partial_rotary_factor": 0.3}, 64)[0] > 0).sum()) == 9
+    with pytest.raises(ValueError, match="must be an even int"):
+        compute_inv_freq({"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.3}, 64)
+    assert llama_cpp_rope_args(cfg, 512) is None
+
+
+def test_proportional_scheme_rotates_the_whole_head():
+    d = 32
+    cfg = {"rope_type": "proportional", "rope_theta": 1e4, "partial_rotary_factor": 0.5, "factor": 2.0}
+    emb = RotaryEmbedding(d, rope_config=cfg)
+    assert emb.rotary_dim == d and emb.rope_config["partial_rotary_factor"] == 0.5
+    assert torch.equal(emb.inv_freq, hf_proportional(d, 1e4, 0.5, 2.0))
+    q = rand(1, 2, 5, d, seed=3)
+    pos = torch.arange(10, 15)
+    rq, _ = emb.rotate(q, q, pos, pos)
+    h, k = d // 2, 8
+    # half layout: pairs (i, i + 16); pairs 8..15 have frequency 0 and stay exactly as they were
+    assert torch.equal(rq[..., k:h], q[..., k:h]) and torch.equal(rq[..., h + k:], q[..., h + k:])
+    assert not torch.equal(rq[..., :k], q[..., :k])
+    # the same as p-RoPE with p = partial_rotary_factor, frequencies divided by the factor
+    from companion.rope_variants import PRoPE
+
+    pr = PRoPE(d, 0.5)
+    assert pr.rotating_pairs == k and torch.equal(emb.inv_freq, pr.inv_freq / 2.0)
+    emb1 = RotaryEmbedding(d, rope_config={**cfg, "factor": 1.0})
+    assert torch.equal(emb1.rotate(q, q, pos, pos)[0], pr.rotate(q, q, pos, pos)[0])
+
+
+def test_proportional_differs_from_gpt_neox_partial_rotary():
+    d, prf, base = 64, 0.5, 1e4
+    prop, _ = compute_inv_freq({"rope_type": "proportional", "rope_theta": base, "partial_rotary_factor": prf}, d)
+    neox, _ = compute_inv_freq({"rope_type": "default", "rope_theta": base, "partial_rotary_factor": prf}, d)
+    # the same number of rotating pairs ...
+    assert int((prop > 0).sum()) == neox.numel() == 16
+    # ... with different frequencies: base ** (-2i / 64) against base ** (-2i / 32), so the
+    # lowest kept frequency is base ** (-30 / 64) = 0.0133 for proportional, base ** (-30 / 32) =
+    # 1.78e-4 for GPT-NeoX (which keeps the whole range of RoPE's frequencies in fewer pairs)
+    np.testing.assert_allclose(prop[15].item(), base ** (-30 / 64), rtol=(4 + math.log(base)) * U)
+    np.testing.assert_allclose(neox[15].item(), base ** (-30 / 32), rtol=(4 + math.log(base)) * U)
+    assert bool((prop[1:16] > neox[1:] * 1.1).all())  # every kept pair but the first turns faster
+    assert prop[0] == neox[0] == 1.0
+    # and different dims: NeoX rotates dims 0..31 (pairs (i, i + 16)), proportional pairs (i, i + 32)
+    q = rand(1, 1, 3, d, seed=4)
+    pos = torch.tensor([5, 6, 7])
+    rn, _ = RotaryEmbedding(d, rotary_dim=32, base=base).rotate(q, q, pos, pos)
+    rp, _ = RotaryEmbedding(d, rope_config={"rope_type": "proportional", "rope_theta": base,
+                                            "partial_rotary_factor": prf}).rotate(q, q, pos, pos)
+    assert torch.equal(rn[..., 32:], q[..., 32:]) and not torch.equal(rp[..., 32:48], q[..., 32:48])
+    assert torch.equal(rp[..., 16:32], q[..., 16:32]) and not torch.equal(rn[..., 16:32], q[..., 16:32])
+
+
+@pytest.mark.parametrize("cfg, kw, exc, match", [
+    ({"partial_rotary_factor": 0.0}, {}, ValueError, r"partial_rotary_factor.*> 0"),
+    ({"partial_rotary_factor": -0.25}, {}, ValueError, r"partial_rotary_factor.*> 0"),
+    ({"partial_rotary_factor": 1.5}, {}, ValueError, r"partial_rotary_factor must lie in \(0, 1\]"),
+    ({"partial_rotary_factor": "0.5"}, {}, ValueError, r"partial_rotary_factor"),
+    ({}, {"partial_rotary_factor": 2.0}, ValueError, r"partial_rotary_factor must lie in \(0, 1\]"),
+    ({"factor": 0.5}, {}, ValueError, r"rope_config\['factor'\].*>= 1"),
+    ({"factor": float("nan")}, {}, ValueError, r"rope_config\['factor'\]"),
+    ({}, {"head_dim": 33}, ValueError, r"head_dim must be even for rope_type='proportional'"),
+    ({"rope_theta": 1.0}, {}, ValueError, r"rope_config\['rope_theta'\] must be > 1"),
+])
+def test_proportional_bad_configs_name_the_key(cfg, kw, exc, match):
+    kw = {"head_dim": 64, **kw}
+    with pytest.raises(exc, match=match):
+        compute_inv_freq({"rope_type": "proportional", "rope_theta": 1e4, **cfg}, kw.pop("head_dim"), **kw)
+
+
+def test_proportional_scheme_needs_the_whole_head():
+    cfg = {"rope_type": "proportional", "rope_theta": 1e4, "partial_rotary_factor": 0.5}
+    RotaryEmbedding(32, rotary_dim=32, rope_config=cfg)  # the whole head: fine
+    with pytest.raises(ValueError, match="rotary_dim=16 disagrees"):
+        RotaryEmbedding(32, rotary_dim=16, rope_config=cfg)
