@@ -7,7 +7,9 @@ attention that honours them all.
 
 The main names are re-exported here; each family lives in its own module:
 :mod:`companion.absolute`, :mod:`companion.relative`, :mod:`companion.rope`,
-:mod:`companion.alibi`, and RoPE's context-extension methods in :mod:`companion.scaling`. Every attention path is in one of three modules:
+:mod:`companion.alibi`, and RoPE's context-extension methods in :mod:`companion.scaling`; the
+newer encodings of chapter 11 are in :mod:`companion.rope_variants` (xPos, p-RoPE),
+:mod:`companion.learned_bias` (Kerple, FIRE) and :mod:`companion.cope` (CoPE). Every attention path is in one of three modules:
 :mod:`companion.attention` (the protocol and the reference), :mod:`companion.blockwise`
 (memory-lean attention with a bias, one tile at a time) and :mod:`companion.dispatch`
 (:func:`~companion.dispatch.fast_attention`, which picks the fastest correct path for a
@@ -29,7 +31,9 @@ from .absolute import (
 from .alibi import ALiBi, alibi_bias, alibi_slopes
 from .attention import HOOKS, NoPE, PositionScheme, attention, causal_mask
 from .blockwise import bias_attention
+from .cope import CoPE
 from .dispatch import attention_path, fast_attention
+from .learned_bias import FIRE, KerpleBias
 from .model import MultiHeadAttention, TinyDecoder
 from .relative import (
     ShawRelative,
@@ -56,6 +60,7 @@ from .rope import (
     rope_rotate,
     rotate_half,
 )
+from .rope_variants import PRoPE, XPos
 from .scaling import ROPE_TYPES, compute_inv_freq, parse_rope_config, rope_parameters_from_legacy
 from .utils import load_result, peak_tensor_bytes, provenance, save_result, seed_everything
 
@@ -72,15 +77,24 @@ SCHEMES: tuple[type[PositionScheme], ...] = (
     T5RelativeBias,
     RotaryEmbedding,
     ALiBi,
+    XPos,
+    PRoPE,
+    KerpleBias,
+    FIRE,
+    CoPE,
 )
 
 __all__ = [
     "ALiBi",
+    "CoPE",
+    "FIRE",
     "HOOKS",
+    "KerpleBias",
     "LAYOUTS",
     "LearnedPositionalEmbedding",
     "MultiHeadAttention",
     "NoPE",
+    "PRoPE",
     "PositionScheme",
     "ROPE_TYPES",
     "RotaryEmbedding",
@@ -91,6 +105,7 @@ __all__ = [
     "T5RelativeBias",
     "TinyDecoder",
     "TransformerXL",
+    "XPos",
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",

@@ -21,6 +21,13 @@ SCHEME_COLORS: dict[str, str] = {
     "t5": "#E69F00",
     "rope": "#D55E00",
     "alibi": "#CC79A7",
+    "xpos": "#882255",
+    "p-rope": "#AA4499",
+    "kerple-log": "#117733",
+    "kerple-power": "#44AA99",
+    "fire": "#332288",
+    "cope": "#DDCC77",
+    "rope-nope": "#E31A1C",
     "scaling": "#F0E442",
     "reference": "#000000",
 }

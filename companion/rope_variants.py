@@ -173,7 +173,7 @@ class XPos(PositionScheme):
             exponent = -exponent
         return self.zeta(torch.float64, pos.device) ** exponent.unsqueeze(-1)
 
-    def _apply(self, x: Tensor, pos: Tensor, centre: int, key: bool, work: torch.dtype) -> Tensor:
+    def _xpos_one(self, x: Tensor, pos: Tensor, centre: int, key: bool, work: torch.dtype) -> Tensor:
         if pos.numel() == 0:
             return x.clone()
         scale = self.scale(pos, centre, key=key).to(work)
@@ -195,7 +195,7 @@ class XPos(PositionScheme):
         k_pos = as_positions(k_pos, "k_pos", k.shape[2], k.shape[0], k.device)
         work = torch.float64 if torch.float64 in (q.dtype, k.dtype) else torch.float32
         centre = self.centre_for(k_pos if k_pos.numel() else q_pos)
-        return self._apply(q, q_pos, centre, False, work), self._apply(k, k_pos, centre, True, work)
+        return self._xpos_one(q, q_pos, centre, False, work), self._xpos_one(k, k_pos, centre, True, work)
 
     def extra_repr(self) -> str:
         centre = "ceil((max(k_pos) + 1) / 2)" if self.center is None else str(self.center)

@@ -22,11 +22,15 @@ import torch
 
 import companion
 from companion import (
+    FIRE,
     SCHEMES,
     ALiBi,
+    CoPE,
+    KerpleBias,
     LearnedPositionalEmbedding,
     MultiHeadAttention,
     NoPE,
+    PRoPE,
     RotaryEmbedding,
     ScaledSinusoidalEmbedding,
     ShawRelative,
@@ -34,6 +38,7 @@ from companion import (
     T5RelativeBias,
     TinyDecoder,
     TransformerXL,
+    XPos,
     attention,
 )
 from companion import dispatch
@@ -61,6 +66,16 @@ def make_scheme(cls: type, heads: int = H, head_dim: int = D, seed: int = 0) -> 
         s = cls(head_dim)
     elif cls is ALiBi:
         s = cls(heads)
+    elif cls is XPos:
+        s = cls(head_dim, scale_base=16.0)  # a visible decay at these lengths
+    elif cls is PRoPE:
+        s = cls(head_dim, p=0.5)
+    elif cls is KerpleBias:
+        s = cls(heads, form="power" if seed % 2 else "log")
+    elif cls is FIRE:
+        s = cls(heads, init_L=5.5)  # queries on both sides of the threshold L
+    elif cls is CoPE:
+        s = cls(head_dim, npos=6, init_std=0.5)  # clamping happens at these lengths
     else:  # pragma: no cover - a scheme added to SCHEMES without a case here
         raise AssertionError(f"add {cls.__name__} to make_scheme")
     return s

@@ -20,6 +20,11 @@ EXPECTED_HOOKS = {
     "T5RelativeBias": ("bias",),
     "RotaryEmbedding": ("rotate",),
     "ALiBi": ("bias",),
+    "XPos": ("rotate",),
+    "PRoPE": ("rotate",),
+    "KerpleBias": ("bias",),
+    "FIRE": ("bias",),
+    "CoPE": ("score",),
 }
 
 

@@ -400,3 +400,12 @@ def test_prope_float64_recomputes_its_frequencies_and_custom_ones_stay():
 def test_proportional_inv_freq_via_compute_inv_freq_is_prope():
     inv, att = compute_inv_freq({"rope_type": "proportional", "rope_theta": 1e4, "partial_rotary_factor": 0.5}, 32)
     assert att == 1.0 and torch.equal(inv, PRoPE(32, 0.5).inv_freq)
+
+
+def test_xpos_moves_with_the_module_like_any_scheme():
+    """nn.Module.to/double/float recurse into the scheme (a method named _apply once shadowed
+    torch's and broke model.double())."""
+    from companion import TinyDecoder
+    model = TinyDecoder(20, 16, 2, 1, scheme=XPos(8)).double()
+    out = model(torch.randint(0, 20, (1, 5)))
+    assert out.dtype == torch.float64 and torch.isfinite(out).all()

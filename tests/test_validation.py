@@ -515,7 +515,9 @@ def test_every_public_callable_is_covered():
         "save_result", "shaw_score", "shaw_values", "sinusoidal_encoding", "sinusoidal_relative_table",
         "sinusoidal_table", "t5_relative_position_bucket", "transformer_xl_score",
     }
-    elsewhere = {  # tested in test_rope.py, test_scaling.py, test_model_utils.py, test_absolute.py, test_relative.py
+    elsewhere = {  # tested in test_rope.py, test_scaling.py, test_model_utils.py, test_absolute.py, test_relative.py,
+        # and chapter 11's test_rope_variants.py, test_learned_bias.py, test_cope.py
+        "CoPE", "FIRE", "KerpleBias", "PRoPE", "XPos",
         "HOOKS", "LAYOUTS", "PositionScheme", "ROPE_TYPES", "RotaryEmbedding", "SCHEMES", "apply_rope",
         "compute_inv_freq", "parse_rope_config", "rope_parameters_from_legacy", "convert_layout",
         "convert_qk_weight", "layout_permutation", "peak_tensor_bytes", "positions_from_mask", "provenance",

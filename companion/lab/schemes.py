@@ -27,6 +27,9 @@ from collections.abc import Callable
 from ..absolute import LearnedPositionalEmbedding, ScaledSinusoidalEmbedding
 from ..alibi import ALiBi
 from ..attention import NoPE, PositionScheme
+from ..cope import CoPE
+from ..learned_bias import FIRE, KerpleBias
+from ..rope_variants import PRoPE, XPos
 from ..model import nope_every
 from ..relative import ShawRelative, T5RelativeBias, TransformerXL
 from ..rope import RotaryEmbedding
@@ -77,6 +80,33 @@ def _alibi(s: SchemeShape) -> PositionScheme:
     return ALiBi(s["n_heads"])
 
 
+def _xpos(s: SchemeShape) -> PositionScheme:
+    return XPos(s["head_dim"])  # torchscale's scale_base 512
+
+
+def _prope(s: SchemeShape) -> PositionScheme:
+    return PRoPE(s["head_dim"], p=0.75)  # 6 of the lab's 8 pairs rotate
+
+
+def _kerple_log(s: SchemeShape) -> PositionScheme:
+    return KerpleBias(s["n_heads"], form="log")
+
+
+def _kerple_power(s: SchemeShape) -> PositionScheme:
+    return KerpleBias(s["n_heads"], form="power")
+
+
+def _fire(s: SchemeShape) -> PositionScheme:
+    # The threshold starts at the training length: every training query normalises by
+    # psi(L), and a longer evaluation maps its distances back into the trained range [0, 1].
+    return FIRE(s["n_heads"], init_L=float(s["train_len"]))
+
+
+def _cope(s: SchemeShape) -> PositionScheme:
+    # Counts saturate at train_len - 1: the table has a row for every count training reaches.
+    return CoPE(s["head_dim"], npos=s["train_len"])
+
+
 #: Built-in scheme factories, in the book's chapter order.
 BUILTIN: dict[str, Callable[[SchemeShape], PositionScheme]] = {
     "nope": _nope,
@@ -87,6 +117,12 @@ BUILTIN: dict[str, Callable[[SchemeShape], PositionScheme]] = {
     "t5": _t5,
     "rope": _rope,
     "alibi": _alibi,
+    "xpos": _xpos,
+    "p-rope": _prope,
+    "kerple-log": _kerple_log,
+    "kerple-power": _kerple_power,
+    "fire": _fire,
+    "cope": _cope,
     "rope-nope": _rope,
 }
 
@@ -100,6 +136,12 @@ LABELS: dict[str, str] = {
     "t5": "T5 bias",
     "rope": "RoPE",
     "alibi": "ALiBi",
+    "xpos": "xPos",
+    "p-rope": "p-RoPE",
+    "kerple-log": "Kerple (log)",
+    "kerple-power": "Kerple (power)",
+    "fire": "FIRE",
+    "cope": "CoPE",
     "rope-nope": "RoPE + NoPE layers",
 }
 
