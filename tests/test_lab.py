@@ -760,3 +760,15 @@ def test_cli_train_then_eval_round_trip(tmp_path):
     # and the saved checkpoint holds the trained weights
     model, ckpt = load_checkpoint(ck)
     assert ckpt["step"] == 5 and isinstance(model.scheme, ALiBi)
+
+
+def test_training_projects_constrained_scheme_parameters():
+    """After each optimiser step the trainer calls project_() (Kerple's in-place clamp)."""
+    from companion import KerpleBias
+    from companion.lab.train import project_parameters
+    model = TinyDecoder(256, 16, 2, 1, scheme=KerpleBias(2, form="power"))
+    with torch.no_grad():
+        model.scheme.r1.fill_(-1.0)
+        model.scheme.r2.fill_(5.0)
+    project_parameters(model)
+    assert bool((model.scheme.r1 > 0).all()) and bool((model.scheme.r2 <= 2).all())

@@ -114,6 +114,20 @@ def build_model(cfg: TrainConfig) -> TinyDecoder:
     return model.to(DTYPES[cfg.dtype])
 
 
+def project_parameters(model: torch.nn.Module) -> None:
+    """Call ``project_()`` on every submodule that has one, after an optimiser step.
+
+    A scheme with constrained parameters (Kerple's positive ``r1, r2``) projects them back into
+    their bounds in place, as its reference implementation does, so that a parameter that
+    stepped past a bound sits on it and can move back, instead of staying past it where the
+    forward pass's clamp gives it no gradient.
+    """
+    for module in model.modules():
+        project = getattr(module, "project_", None)
+        if callable(project):
+            project()
+
+
 def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     # Weight decay on matrices only (not on biases, gains, slopes or single scalars).
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
@@ -222,6 +236,7 @@ def train(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
+        project_parameters(model)
         if (step + 1) % log_every == 0 or step + 1 == cfg.steps:
             value = loss.detach()
             if world > 1:
