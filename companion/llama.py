@@ -13,6 +13,11 @@ config of chapter 9 (:mod:`companion.scaling`) can be installed with
 ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``, which never builds an
 ``L x L`` matrix in Python; generation uses a :class:`KVCache`.
 
+Training-free length extension (:mod:`companion.trainfree`): :meth:`LlamaModel.set_attention_mode`
+(or the context manager :meth:`LlamaModel.attention_mode`) replaces the prefill attention of
+every layer by ReRoPE, Leaky ReRoPE or Self-Extend (``token_nll`` then scores with it), and
+:func:`companion.trainfree.stream_nll` reads a long stream through an attention-sink cache (StreamingLLM).
+
 Weights come from a GGUF file through the ``gguf`` package (every tensor dequantized to
 float32) and the tokenizer from the GGUF metadata through the ``tokenizers`` library
 (byte-level BPE from the stored tokens and merges). The model file itself is cached by
@@ -30,9 +35,10 @@ model on purpose.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +48,7 @@ from torch import Tensor, nn
 
 from ._checks import check_bool, check_path, check_positive_int
 from .rope import RotaryEmbedding, check_layout, convert_qk_weight
+from .trainfree import ReRoPE, SelfExtend, SinkCache
 
 __all__ = [
     "LlamaConfig",
@@ -204,7 +211,12 @@ class KVCache:
 
 class Attention(nn.Module):
     """Grouped-query attention (``n_kv_heads`` key/value heads shared by ``n_heads`` query heads)
-    with RoPE on q and k, no biases, as in Llama 2/3."""
+    with RoPE on q and k, no biases, as in Llama 2/3.
+
+    :attr:`mode` (``None``, or a :class:`~companion.trainfree.ReRoPE` /
+    :class:`~companion.trainfree.SelfExtend` installed by
+    :meth:`LlamaModel.set_attention_mode`) replaces the prefill attention; a
+    :class:`~companion.trainfree.SinkCache` as ``cache`` runs StreamingLLM attention."""
 
     def __init__(self, cfg: LlamaConfig, layer: int, device: torch.device | str | None = None) -> None:
         super().__init__()
@@ -214,13 +226,20 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False, device=device)
         self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False, device=device)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False, device=device)
+        self.mode: ReRoPE | SelfExtend | None = None
 
-    def forward(self, x: Tensor, rope: RotaryEmbedding, start: int, cache: KVCache | None) -> Tensor:
+    def forward(self, x: Tensor, rope: RotaryEmbedding, start: int, cache: KVCache | SinkCache | None) -> Tensor:
         """Attention for ``x`` ``(batch, seq, dim)`` at positions ``start ..``, extending ``cache`` if given."""
         b, t, _ = x.shape
         q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if isinstance(cache, SinkCache):  # StreamingLLM: unrotated keys, rotated inside the cache
+            y = cache.attend(self.layer, q, k, v, rope)
+            return self.wo(y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
+        if self.mode is not None:  # a training-free prefill (LlamaModel.hidden checks start == 0)
+            y = self.mode.attend(q, k, v, rope)
+            return self.wo(y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
         pos = torch.arange(start, start + t, device=x.device)
         q, k = rope.rotate(q, k, pos, pos)
         if cache is not None:
@@ -262,7 +281,7 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps, device)
         self.feed_forward = FeedForward(cfg, device)
 
-    def forward(self, x: Tensor, rope: RotaryEmbedding, start: int, cache: KVCache | None) -> Tensor:
+    def forward(self, x: Tensor, rope: RotaryEmbedding, start: int, cache: KVCache | SinkCache | None) -> Tensor:
         """One pre-norm block: ``h = x + attention(norm(x))``, then ``h + feed_forward(norm(h))``."""
         h = x + self.attention(self.attention_norm(x), rope, start, cache)
         return h + self.feed_forward(self.ffn_norm(h))
@@ -301,8 +320,40 @@ class LlamaModel(nn.Module):
         if not config.tie_embeddings:
             self.output = nn.Linear(config.dim, config.vocab_size, bias=False, device=device)
         self.rope = RotaryEmbedding(config.head_dim, base=config.rope_base, layout=self.layout)
+        self._attention_mode: ReRoPE | SelfExtend | None = None
         if rope_config is not None:
             self.set_rope_config(rope_config)
+
+    @property
+    def current_attention_mode(self) -> ReRoPE | SelfExtend | None:
+        """The training-free prefill attention installed by :meth:`set_attention_mode` (or ``None``)."""
+        return self._attention_mode
+
+    def set_attention_mode(self, mode: ReRoPE | SelfExtend | None) -> None:
+        """Install a training-free prefill attention in every layer, or ``None`` for plain SDPA.
+
+        ``mode`` is a :class:`~companion.trainfree.ReRoPE` (ReRoPE or Leaky ReRoPE) or a
+        :class:`~companion.trainfree.SelfExtend`; it combines with the installed RoPE
+        frequencies (:meth:`set_rope_config`). With a mode, :meth:`hidden` and
+        :meth:`token_nll` run one prefill pass at positions ``0 ..`` with
+        :func:`companion.trainfree.two_region_attention`; a :class:`KVCache` (hence
+        :meth:`generate`) is refused. Attention sinks are :func:`companion.trainfree.stream_nll` instead.
+        """
+        if mode is not None and not isinstance(mode, (ReRoPE, SelfExtend)):
+            raise TypeError(f"mode must be a ReRoPE, a SelfExtend or None, got {type(mode).__name__}")
+        self._attention_mode = mode
+        for block in self.layers:
+            block.attention.mode = mode
+
+    @contextlib.contextmanager
+    def attention_mode(self, mode: ReRoPE | SelfExtend | None) -> Iterator[LlamaModel]:
+        """Context manager: :meth:`set_attention_mode` ``(mode)`` inside, the previous mode after."""
+        previous = self._attention_mode
+        self.set_attention_mode(mode)
+        try:
+            yield self
+        finally:
+            self.set_attention_mode(previous)
 
     def set_rope_config(self, rope_config: Mapping[str, Any] | None) -> None:
         """Install a RoPE scaling config (chapter 9) in every layer, or ``None`` for plain RoPE.
@@ -338,8 +389,13 @@ class LlamaModel(nn.Module):
         ``cache.length ..`` (0 without a cache), and the cache is extended in place."""
         ids = self._check_ids(ids)
         if cache is not None:
-            if not isinstance(cache, KVCache):
+            if not isinstance(cache, (KVCache, SinkCache)):
                 raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
+            if self._attention_mode is not None:
+                raise ValueError(
+                    f"attention mode {self._attention_mode.name!r} runs a prefill pass only, without a "
+                    f"cache; call set_attention_mode(None) first"
+                )
             if cache.n_layers != self.config.n_layers:
                 raise ValueError(f"cache has {cache.n_layers} layers, the model {self.config.n_layers}")
         start = 0 if cache is None else cache.length

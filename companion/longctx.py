@@ -26,6 +26,27 @@ The command line writes both with provenance::
 Methods (:data:`METHODS`) are named as in chapter 9's lab: ``none`` (plain RoPE), ``pi``
 (linear), ``ntk`` (NTK-aware base change), ``dynamic`` (Dynamic NTK), ``yarn`` (with its
 attention factor) and ``llama3``, each at ``factor`` over the native context.
+
+The training-free methods of :mod:`companion.trainfree` (:data:`TRAINFREE_METHODS`) run on
+plain RoPE through the same ``ppl`` command, with the same windows, buckets, CSV fields and
+JSON sidecar: ``rerope``, ``leaky_rerope``, ``self_extend`` (one prefill pass each, with
+:meth:`~companion.llama.LlamaModel.attention_mode`) and ``sinks`` (the window read as a
+stream through a :class:`~companion.trainfree.SinkCache`, :func:`~companion.trainfree.stream_nll`)::
+
+    python -m companion.longctx ppl --length 16384 --windows 3 \
+        --methods rerope leaky_rerope self_extend sinks \
+        --out chapters/data/10_trainfree.csv --json chapters/data/10_trainfree.json
+
+Their parameters (:data:`TRAINFREE_DEFAULTS`, flags ``--rerope-window``, ``--leak``,
+``--se-window``, ``--se-group``, ``--sinks``, ``--sink-window``, ``--chunk``,
+``--no-rerotate``) default to settings for SmolLM2-135M (8192 trained positions) at 16384
+tokens whose largest relative position stays below 8192 (:func:`trainfree_reach`):
+ReRoPE ``w = 4096`` reaches 4096; Leaky ReRoPE ``w = 4096, k = 4`` reaches
+``4096 + 12287 / 4 = 7167.75``; Self-Extend ``w = 2048, G = 4`` reaches
+``16383 // 4 + 2048 - 512 = 5631``; 4 sinks, a window of 7168 and chunks of 512 put the
+cache's positions at ``0 .. 4 + 7168 + 512 - 1 = 7683``. In those rows the ``rope_config``
+column holds the method's parameters (:func:`trainfree_config`) and ``seconds`` the wall time
+of the pass, as for the scaling methods.
 """
 
 from __future__ import annotations
@@ -44,10 +65,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._checks import check_finite_number, check_positive_int
+from ._checks import check_bool, check_finite_number, check_positive_int
+from .trainfree import TRAINFREE_METHODS, ReRoPE, SelfExtend, max_relative_position, stream_nll
 
 __all__ = [
     "METHODS",
+    "TRAINFREE_METHODS",
+    "TRAINFREE_DEFAULTS",
+    "trainfree_config",
+    "trainfree_reach",
+    "trainfree_nll",
     "FILLER",
     "method_config",
     "token_stream",
@@ -61,6 +88,13 @@ __all__ = [
 
 #: The scaling methods of the experiment, in the order the chapter reports them.
 METHODS: tuple[str, ...] = ("none", "pi", "ntk", "dynamic", "yarn", "llama3")
+
+#: Default parameters of the training-free methods (sized for SmolLM2-135M at 16384 tokens;
+#: see the module doc): the names of the ``ppl`` command's flags.
+TRAINFREE_DEFAULTS: dict[str, Any] = {
+    "rerope_window": 4096, "leak": 4.0, "se_window": 2048, "se_group": 4,
+    "sinks": 4, "sink_window": 7168, "chunk": 512, "rerotate": True,
+}
 
 #: The filler of the passkey prompt (in the style of Mohtashami and Jaggi's test), repeated.
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
@@ -93,6 +127,68 @@ def method_config(method: str, factor: float, original: int, base: float) -> dic
     from .lab.extend import method_config as lab_method_config  # chapter 9's configs, one definition
 
     return lab_method_config(method, factor, original, head_dim=0, base=base)  # head_dim: LongRoPE only
+
+
+def trainfree_config(method: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The parameters of a training-free ``method`` (one of :data:`TRAINFREE_METHODS`), as stored.
+
+    ``params`` overrides :data:`TRAINFREE_DEFAULTS` (same keys). Returns ``{"method": ...}``
+    plus ``window`` for ``rerope``; ``window``, ``leak`` for ``leaky_rerope``; ``window``,
+    ``group`` for ``self_extend``; ``n_sink``, ``window``, ``chunk``, ``rerotate`` for
+    ``sinks``. Bad values raise ``ValueError`` naming the key (``rerope_window >= 1``,
+    ``leak > 1``, ``se_window >= 1``, ``se_group >= 1``, ``sinks >= 0``, ``sink_window >= 1``,
+    ``chunk >= 1``).
+    """
+    if method not in TRAINFREE_METHODS:
+        raise ValueError(f"method must be one of {list(TRAINFREE_METHODS)}, got {method!r}")
+    p = dict(TRAINFREE_DEFAULTS)
+    if params is not None:
+        unknown = sorted(set(params) - set(p))
+        if unknown:
+            raise ValueError(f"params has unknown keys {unknown}; known: {sorted(p)}")
+        p.update(params)
+    if method in ("rerope", "leaky_rerope"):
+        out: dict[str, Any] = {"method": method, "window": check_positive_int(p["rerope_window"], "rerope_window")}
+        if method == "leaky_rerope":
+            out["leak"] = check_finite_number(p["leak"], "leak", above=1.0)
+        return out
+    if method == "self_extend":
+        return {"method": method, "window": check_positive_int(p["se_window"], "se_window"),
+                "group": check_positive_int(p["se_group"], "se_group")}
+    return {"method": method, "n_sink": check_positive_int(p["sinks"], "sinks", minimum=0),
+            "window": check_positive_int(p["sink_window"], "sink_window"),
+            "chunk": check_positive_int(p["chunk"], "chunk"), "rerotate": check_bool(p["rerotate"], "rerotate")}
+
+
+def _trainfree_mode(config: Mapping[str, Any]) -> ReRoPE | SelfExtend:
+    if config["method"] == "self_extend":
+        return SelfExtend(config["window"], config["group"])
+    return ReRoPE(config["window"], config.get("leak"))
+
+
+def trainfree_reach(config: Mapping[str, Any], length: int) -> float:
+    """The largest relative position RoPE sees in a pass of ``length`` tokens with ``config``
+    (from :func:`trainfree_config`): :func:`companion.trainfree.max_relative_position` for the
+    two-region methods; for ``sinks`` with ``rerotate``, the largest position inside the cache,
+    ``min(length, n_sink + window + chunk) - 1``; without ``rerotate``, ``length - 1``."""
+    length = check_positive_int(length, "length")
+    if config["method"] != "sinks":
+        return max_relative_position(_trainfree_mode(config), length)
+    if not config["rerotate"]:
+        return float(length - 1)
+    return float(min(length, config["n_sink"] + config["window"] + config["chunk"]) - 1)
+
+
+def trainfree_nll(model: Any, ids: Tensor, config: Mapping[str, Any]) -> Tensor:
+    """Per-token NLL ``(batch, seq - 1)`` of ``ids`` with a training-free ``config``
+    (:func:`trainfree_config`), on the model's installed RoPE: one prefill pass with
+    :meth:`~companion.llama.LlamaModel.attention_mode` for the two-region methods,
+    :func:`companion.trainfree.stream_nll` for ``sinks``."""
+    if config["method"] == "sinks":
+        return stream_nll(model, ids, config["n_sink"], config["window"], config["chunk"],
+                          rerotate=config["rerotate"])
+    with model.attention_mode(_trainfree_mode(config)):
+        return model.token_nll(ids)
 
 
 def token_stream(tokenizer: Any, root: str | None = None) -> tuple[list[int], dict[str, Any]]:
@@ -152,29 +248,40 @@ def evaluate_window(
     window_index: int = 0,
     window_start: int = 0,
     progress: Any = None,
+    trainfree: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """One causal pass per method over ``ids`` ``(1, L)``: the loss summed in position buckets.
 
     Each method's config comes from :func:`method_config` with the model's native context
     and base, and is installed with ``model.set_rope_config``; plain RoPE is restored at the
-    end. Returns rows with the keys of ``PPL_FIELDS``; ``seconds`` is the pass's wall time.
-    ``progress`` (a callable taking a string) reports each pass.
+    end. A method of :data:`TRAINFREE_METHODS` runs on plain RoPE with
+    :func:`trainfree_nll` and the parameters :func:`trainfree_config` ``(method, trainfree)``,
+    which its rows store in the ``rope_config`` column. Returns rows with the keys of
+    ``PPL_FIELDS``; ``seconds`` is the pass's wall time. ``progress`` (a callable taking a
+    string) reports each pass.
     """
     if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.shape[0] != 1:
         raise ValueError(f"ids must be a (1, L) tensor, got {getattr(ids, 'shape', type(ids).__name__)}")
     bucket = check_positive_int(bucket, "bucket")
     methods = list(methods)
     for m in methods:
-        if m not in METHODS:
-            raise ValueError(f"methods must be drawn from {list(METHODS)}, got {m!r}")
+        if m not in METHODS and m not in TRAINFREE_METHODS:
+            raise ValueError(f"methods must be drawn from {list(METHODS) + list(TRAINFREE_METHODS)}, got {m!r}")
+    configs = {m: trainfree_config(m, trainfree) for m in methods if m in TRAINFREE_METHODS}
     cfg = model.config
     rows = []
     try:
         for m in methods:
-            rope_config = method_config(m, factor, cfg.context_length, cfg.rope_base)
-            model.set_rope_config(rope_config)
-            t0 = time.perf_counter()
-            nll = model.token_nll(ids)[0]
+            if m in configs:
+                rope_config = configs[m]
+                model.set_rope_config(None)
+                t0 = time.perf_counter()
+                nll = trainfree_nll(model, ids, rope_config)[0]
+            else:
+                rope_config = method_config(m, factor, cfg.context_length, cfg.rope_base)
+                model.set_rope_config(rope_config)
+                t0 = time.perf_counter()
+                nll = model.token_nll(ids)[0]
             sec = time.perf_counter() - t0
             if progress is not None:
                 progress(f"window {window_index} {m}: {sec:.1f} s, ppl {math.exp(float(nll.double().mean())):.3f}")
@@ -293,6 +400,10 @@ def _json_sidecar(path: str | None, data: dict[str, Any], command: str) -> None:
 def _cmd_ppl(args: argparse.Namespace, command: str) -> int:
     from .utils import save_csv
 
+    trainfree = {"rerope_window": args.rerope_window, "leak": args.leak, "se_window": args.se_window,
+                 "se_group": args.se_group, "sinks": args.sinks, "sink_window": args.sink_window,
+                 "chunk": args.chunk, "rerotate": not args.no_rerotate}
+    configs = {m: trainfree_config(m, trainfree) for m in args.methods if m in TRAINFREE_METHODS}  # fail early
     model, tok, _ = _load()
     stream, info = token_stream(tok)
     rows: list[dict[str, Any]] = []
@@ -303,11 +414,17 @@ def _cmd_ppl(args: argparse.Namespace, command: str) -> int:
         windows.append({"index": w, "start": w * args.length, "ids_sha256": _ids_sha256(ids[0].tolist()),
                         "text_head": tok.decode(ids[0, :24].tolist())})
         rows += evaluate_window(model, ids, args.methods, factor=args.factor, bucket=args.bucket,
-                                window_index=w, window_start=w * args.length, progress=print)
+                                window_index=w, window_start=w * args.length, progress=print,
+                                trainfree=trainfree)
         save_csv(args.out, rows, PPL_FIELDS, command=command)  # after every window: a partial run survives
     total = time.perf_counter() - t0
-    _json_sidecar(args.json, {"corpus": info, "windows": windows, "length": args.length, "factor": args.factor,
-                              "methods": list(args.methods), "bucket": args.bucket, "seconds": total}, command)
+    data = {"corpus": info, "windows": windows, "length": args.length, "factor": args.factor,
+            "methods": list(args.methods), "bucket": args.bucket, "seconds": total}
+    if configs:
+        data["trainfree"] = {m: dict(c, reach=trainfree_reach(c, args.length)) for m, c in configs.items()}
+        data["seconds_per_pass"] = {m: [r["seconds"] for r in rows if r["method"] == m and r["bucket_start"] == 0]
+                                    for m in args.methods}
+    _json_sidecar(args.json, data, command)
     last = min(1024, args.length // 2) // args.bucket * args.bucket
     for (w, m), s in sorted(summarize(rows, last=last).items()):
         print(f"window {w} {m:8s} first half {s['first_half']:9.3f}  second half {s['second_half']:9.3f}  "
@@ -348,9 +465,21 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("ppl", help="perplexity by position over non-overlapping windows")
     p.add_argument("--length", type=int, default=16384)
     p.add_argument("--windows", type=int, default=2)
-    p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    p.add_argument("--methods", nargs="+", choices=METHODS + TRAINFREE_METHODS, default=list(METHODS),
+                   help="scaling methods (default: all of them) and/or training-free ones")
     p.add_argument("--factor", type=float, default=2.0)
     p.add_argument("--bucket", type=int, default=256)
+    d = TRAINFREE_DEFAULTS
+    p.add_argument("--rerope-window", type=int, default=d["rerope_window"],
+                   help="ReRoPE / Leaky ReRoPE neighbour window w")
+    p.add_argument("--leak", type=float, default=d["leak"], help="Leaky ReRoPE's factor k > 1")
+    p.add_argument("--se-window", type=int, default=d["se_window"], help="Self-Extend neighbour window w")
+    p.add_argument("--se-group", type=int, default=d["se_group"], help="Self-Extend group size G")
+    p.add_argument("--sinks", type=int, default=d["sinks"], help="attention sinks kept (0: sliding window)")
+    p.add_argument("--sink-window", type=int, default=d["sink_window"], help="recent tokens kept with the sinks")
+    p.add_argument("--chunk", type=int, default=d["chunk"], help="tokens per step of the sink stream")
+    p.add_argument("--no-rerotate", action="store_true",
+                   help="sinks: keep keys at their absolute positions (no rotation inside the cache)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", required=True)
     p.add_argument("--json", default=None, help="a JSON sidecar: corpus info, windows, total time")

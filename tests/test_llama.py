@@ -478,3 +478,89 @@ def test_kv_cache_decoding_past_the_first_capacity(smol, models, typing_ids):
     assert 0 < d32 < 1e-2
     assert (stepped - full).abs().max().item() <= 4 * d32
     assert (stepped - full64).abs().max().item() <= 2 * d32
+
+
+# ----------------------------------------------------------------------------- training-free modes
+
+
+@needs_model
+def test_trainfree_modes_with_wide_windows_are_the_plain_model(models, logits64):
+    from companion.trainfree import ReRoPE, SelfExtend
+
+    model, ids, full, d32 = models["half"], logits64["ids"], logits64["half32"], logits64["d32"]
+    # With w >= L every pair is a neighbour: the same function as SDPA with other summation
+    # orders; each float32 path is within about d32 of exact, so they differ by at most
+    # about 2 * d32 (x2 margin).
+    for mode in (ReRoPE(64), ReRoPE(64, 4.0), SelfExtend(64, 4), SelfExtend(100, 2)):
+        with model.attention_mode(mode) as m:
+            assert m is model and model.current_attention_mode == mode
+            assert all(b.attention.mode == mode for b in model.layers)
+            got = model(ids).double()
+        assert model.current_attention_mode is None and all(b.attention.mode is None for b in model.layers)
+        assert (got - full).abs().max().item() <= 4 * d32, mode
+    # not vacuous: a window of 16 moves the logits by far more than the bound
+    for mode in (ReRoPE(16), ReRoPE(16, 4.0), SelfExtend(16, 4)):
+        with model.attention_mode(mode):
+            assert (model(ids).double() - full).abs().max().item() > 100 * d32, mode
+    # token_nll scores with the installed mode
+    model.set_attention_mode(ReRoPE(16))
+    try:
+        nll = model.token_nll(ids)
+    finally:
+        model.set_attention_mode(None)
+    with model.attention_mode(ReRoPE(16)):
+        logits = model(ids)[:, :-1]
+    want = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+    assert (nll - want).abs().max().item() <= 4 * d32
+
+
+@needs_model
+def test_sink_stream_with_a_wide_window_is_the_plain_model(smol, models, logits64):
+    from companion.trainfree import SinkCache, stream_nll
+
+    config = smol[0]
+    model, ids, full, d32 = models["half"], logits64["ids"], logits64["half32"], logits64["d32"]
+    with torch.no_grad():
+        for n_sink, window, chunk in ((4, 60, 16), (0, 64, 64), (4, 100, 24)):
+            cache = SinkCache(config.n_layers, n_sink, window)
+            parts = [model(ids[:, s:s + chunk], cache) for s in range(0, 64, chunk)]
+            assert cache.length == 64
+            # nothing is evicted: the plain function, float32 rounding apart (as above)
+            assert (torch.cat(parts, 1).double() - full).abs().max().item() <= 4 * d32
+    # The loss: |d log softmax_y| <= 2 max |d logit|, so the per-token losses agree to 8 d32.
+    plain = model.token_nll(ids)
+    assert (stream_nll(model, ids, 4, 60, 16) - plain).abs().max().item() <= 8 * d32
+    evicted = stream_nll(model, ids, 4, 12, 8)
+    assert evicted.shape == plain.shape and bool(torch.isfinite(evicted).all())
+    assert (evicted - plain).abs().max().item() > 100 * d32
+    # the first n_sink + window + 1 = 17 tokens see everything, and those in the first chunk
+    # (positions 0 .. 7 predict 1 .. 8) are the plain model's to rounding
+    assert (evicted[:, :8] - plain[:, :8]).abs().max().item() <= 8 * d32
+
+
+@needs_model
+def test_trainfree_bad_input(smol, models):
+    from companion.trainfree import ReRoPE, SinkCache, stream_nll
+
+    config, model = smol[0], models["half"]
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with pytest.raises(TypeError, match="mode must be a ReRoPE, a SelfExtend or None, got str"):
+        model.set_attention_mode("rerope")
+    with model.attention_mode(ReRoPE(2)):
+        with pytest.raises(ValueError, match="attention mode 'rerope' runs a prefill pass only"):
+            model(ids, llama.KVCache(config.n_layers))
+        with pytest.raises(ValueError, match="attention mode 'rerope' runs a prefill pass only"):
+            model.generate(ids, 2)
+        with pytest.raises(ValueError, match="runs a prefill pass only"):
+            model(ids, SinkCache(config.n_layers))
+    assert model.current_attention_mode is None
+    with pytest.raises(ValueError, match="cache has 2 layers, the model 30"):
+        model(ids, SinkCache(2))
+    with pytest.raises(ValueError, match="chunk must be >= 1, got 0"):
+        stream_nll(model, ids, 4, 8, 0)
+    with pytest.raises(ValueError, match="window must be >= 1, got 0"):
+        stream_nll(model, ids, 4, 0, 2)
+    with pytest.raises(ValueError, match="n_sink must be >= 0, got -1"):
+        stream_nll(model, ids, -1, 8, 2)
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        stream_nll(model, ids[:, :1], 4, 8, 2)

@@ -570,3 +570,117 @@ def test_main_rejects_bad_arguments(tmp_path):
     with pytest.raises(SystemExit):  # argparse: not a method
         longctx.main(["ppl", "--methods", "linear", "--out", out])
     assert not (tmp_path / "x.csv").exists()
+
+
+# ----------------------------------------------------------------------------- training-free methods
+
+
+def test_trainfree_configs_and_reach():
+    assert longctx.TRAINFREE_METHODS == ("rerope", "leaky_rerope", "self_extend", "sinks")
+    assert not set(longctx.TRAINFREE_METHODS) & set(longctx.METHODS)
+    cfgs = {m: longctx.trainfree_config(m) for m in longctx.TRAINFREE_METHODS}
+    assert cfgs == {
+        "rerope": {"method": "rerope", "window": 4096},
+        "leaky_rerope": {"method": "leaky_rerope", "window": 4096, "leak": 4.0},
+        "self_extend": {"method": "self_extend", "window": 2048, "group": 4},
+        "sinks": {"method": "sinks", "n_sink": 4, "window": 7168, "chunk": 512, "rerotate": True},
+    }
+    # the defaults keep every relative position below SmolLM2's 8192 trained ones at 16K
+    reach = {m: longctx.trainfree_reach(c, 16384) for m, c in cfgs.items()}
+    assert reach == {"rerope": 4096.0, "leaky_rerope": 4096 + 12287 / 4, "self_extend": 16383 // 4 + 2048 - 512,
+                     "sinks": 4 + 7168 + 512 - 1.0}
+    assert max(reach.values()) < NATIVE
+    # plain RoPE would reach 16383; without rerotation the sinks do
+    no_rot = longctx.trainfree_config("sinks", {"rerotate": False})
+    assert longctx.trainfree_reach(no_rot, 16384) == 16383.0
+    assert longctx.trainfree_reach(cfgs["sinks"], 1000) == 999.0  # a short pass: its length
+    assert longctx.trainfree_config("self_extend", {"se_window": 64, "se_group": 2}) == {
+        "method": "self_extend", "window": 64, "group": 2}
+
+
+def test_trainfree_config_rejects_bad_input():
+    with pytest.raises(ValueError, match=r"method must be one of \['rerope'.*got 'yarn'"):
+        longctx.trainfree_config("yarn")
+    with pytest.raises(ValueError, match=r"params has unknown keys \['window'\]"):
+        longctx.trainfree_config("rerope", {"window": 3})
+    bad = [("rerope", "rerope_window", 0, "rerope_window must be >= 1, got 0"),
+           ("leaky_rerope", "leak", 1.0, "leak must be a finite number > 1, got 1.0"),
+           ("self_extend", "se_window", 0, "se_window must be >= 1, got 0"),
+           ("self_extend", "se_group", 0, "se_group must be >= 1, got 0"),
+           ("sinks", "sinks", -1, "sinks must be >= 0, got -1"),
+           ("sinks", "sink_window", 0, "sink_window must be >= 1, got 0"),
+           ("sinks", "chunk", 0, "chunk must be >= 1, got 0")]
+    for method, key, value, message in bad:
+        with pytest.raises(ValueError, match=message):
+            longctx.trainfree_config(method, {key: value})
+    with pytest.raises(TypeError, match="rerotate must be a bool"):
+        longctx.trainfree_config("sinks", {"rerotate": "no"})
+
+
+@needs_model
+def test_evaluate_window_trainfree_rows(model, stream):
+    from companion.trainfree import ReRoPE, stream_nll
+
+    ids = longctx.window(stream[0], 2, 128)
+    params = {"rerope_window": 32, "se_window": 32, "se_group": 2, "sink_window": 48, "chunk": 16}
+    methods = ["rerope", "sinks"]
+    rows = longctx.evaluate_window(model, ids, methods, bucket=64, window_index=2, window_start=256,
+                                   trainfree=params)
+    assert len(rows) == 2 * 2
+    for r in rows:
+        assert set(r) == set(longctx.PPL_FIELDS) and r["seconds"] >= 0
+        assert json.loads(r["rope_config"]) == longctx.trainfree_config(r["method"], params)
+    # the rows are the bucketed losses of the documented passes (same float32 computations)
+    with model.attention_mode(ReRoPE(32)):
+        want = model.token_nll(ids)[0]
+    got = _by_bucket(rows, "rerope")
+    assert [float(r["nll_sum"]) for r in got] == [float(want[:63].double().sum()), float(want[63:].double().sum())]
+    sinks = stream_nll(model, ids, 4, 48, 16)[0]
+    assert [float(r["nll_sum"]) for r in _by_bucket(rows, "sinks")] == [
+        float(sinks[:63].double().sum()), float(sinks[63:].double().sum())]
+    assert model.current_attention_mode is None
+    assert model.rope.rope_config == {"rope_type": "default", "rope_theta": BASE}
+
+
+@needs_model
+def test_main_ppl_trainfree_methods(tmp_path, model, smol, stream, monkeypatch):
+    _reuse_fixtures(monkeypatch, model, smol, stream)
+    out, side = tmp_path / "t.csv", tmp_path / "t.json"
+    argv = ["ppl", "--length", "128", "--windows", "1", "--bucket", "32", "--methods", "none", "leaky_rerope",
+            "self_extend", "sinks", "--rerope-window", "32", "--leak", "2", "--se-window", "16", "--se-group", "2",
+            "--sinks", "2", "--sink-window", "40", "--chunk", "32", "--no-rerotate",
+            "--out", str(out), "--json", str(side)]
+    assert longctx.main(argv) == 0
+    _, rows = load_csv(out)
+    assert [r["method"] for r in rows[::4]] == ["none", "leaky_rerope", "self_extend", "sinks"]
+    assert json.loads(_by_bucket(rows, "sinks")[0]["rope_config"]) == {
+        "method": "sinks", "n_sink": 2, "window": 40, "chunk": 32, "rerotate": False}
+    data = load_result(side)["data"]
+    assert data["trainfree"] == {
+        "leaky_rerope": {"method": "leaky_rerope", "window": 32, "leak": 2.0, "reach": 32 + 95 / 2},
+        "self_extend": {"method": "self_extend", "window": 16, "group": 2, "reach": 127 // 2 + 16 - 8},
+        "sinks": {"method": "sinks", "n_sink": 2, "window": 40, "chunk": 32, "rerotate": False, "reach": 127.0}}
+    assert set(data["seconds_per_pass"]) == {"none", "leaky_rerope", "self_extend", "sinks"}
+    assert all(len(v) == 1 and v[0] >= 0 for v in data["seconds_per_pass"].values())
+    summary = longctx.summarize(rows, last=64)
+    assert set(summary) == {(0, m) for m in ("none", "leaky_rerope", "self_extend", "sinks")}
+    # the first chunk of the stream (targets 1 .. 31, the first bucket) sees everything: the
+    # plain model's losses to float32 rounding (far below the 1e-3 relative bound)
+    none, sinks = _by_bucket(rows, "none"), _by_bucket(rows, "sinks")
+    assert abs(float(none[0]["nll_sum"]) - float(sinks[0]["nll_sum"])) < 1e-3 * float(none[0]["nll_sum"])
+
+
+def test_main_rejects_bad_trainfree_arguments(tmp_path):
+    out = str(tmp_path / "x.csv")
+    base = ["ppl", "--length", "128", "--bucket", "32", "--out", out, "--methods"]
+    with pytest.raises(ValueError, match="leak must be a finite number > 1, got 1.0"):
+        longctx.main(base + ["leaky_rerope", "--leak", "1"])
+    with pytest.raises(ValueError, match="se_group must be >= 1, got 0"):
+        longctx.main(base + ["self_extend", "--se-group", "0"])
+    with pytest.raises(ValueError, match="chunk must be >= 1, got 0"):
+        longctx.main(base + ["sinks", "--chunk", "0"])
+    with pytest.raises(ValueError, match="sinks must be >= 0, got -1"):
+        longctx.main(base + ["sinks", "--sinks", "-1"])
+    with pytest.raises(ValueError, match="rerope_window must be >= 1, got 0"):
+        longctx.main(base + ["rerope", "--rerope-window", "0"])
+    assert not (tmp_path / "x.csv").exists()

@@ -1,0 +1,640 @@
+"""Training-free length extension at inference: ReRoPE, Leaky ReRoPE, Self-Extend, attention sinks.
+
+Each method changes only how a RoPE model's attention reads positions; no weight changes. The
+functional core works on one layer's *unrotated* queries ``q`` ``(batch, heads, q_len, d)`` and
+keys/values ``k``, ``v`` ``(batch, kv_heads, k_len, d)`` (grouped-query attention: query head
+``h`` reads key/value head ``h // (heads // kv_heads)``, as ``enable_gqa`` and
+``repeat_interleave`` do), and rotates them itself with the model's
+:class:`~companion.rope.RotaryEmbedding` (its frequencies, layout and attention scaling).
+
+**Two-region methods** (:func:`two_region_attention`). A query at position ``i`` and a key at
+``j <= i`` are *neighbours* when ``i - j < w``; neighbours get plain RoPE (relative position
+``i - j``), the others a *far* rotation whose relative position stays inside the trained range:
+
+=================  ==============================================  ============================
+method             far relative position (``i - j >= w``)          far rotation (query, key)
+=================  ==============================================  ============================
+ReRoPE             ``w``                                           ``(w, 0)``
+Leaky ReRoPE       ``w + (i - j - w) / k``                         ``((i + w (k-1)) / k, j / k)``
+Self-Extend        ``i // G - j // G + w - w // G``                ``(i // G + w - w // G, j // G)``
+=================  ==============================================  ============================
+
+The logit is ``where(i - j < w, q_rot(i) . k_rot(j), q_far(i) . k_far(j))``, scaled by
+``1 / sqrt(d)``, then causal softmax. Conventions matched:
+
+* ReRoPE and Leaky ReRoPE as in Su's ``bojone/rerope`` patches (:cite:`su2023rerope`): the
+  neighbour test is ``|i - j| < window`` (strict), the far query of ReRoPE is rotated at
+  ``window`` and its key not at all, Leaky ReRoPE's far branch is linear interpolation by the
+  factor ``k`` (``leak``) with the query offset by ``window * (k - 1)``. At ``i - j = w`` both
+  branches give relative position ``w``, so the map is continuous. Not included: the patches'
+  optional ``log(i + 1) / log(training_length)`` query scaling (a separate trick, off here).
+* Self-Extend as in ``datamllab/LongLM`` (:cite:`jin2024selfextend`): neighbour window
+  ``w`` (``group_size_2``), group size ``G`` (``group_size_1``), neighbours when
+  ``i - j < w`` (its mask keeps the last ``w`` keys), grouped key positions ``j // G`` and
+  query positions ``i // G + w - w // G`` so that the two regions meet at ``i - j = w``.
+  LongLM's prefill writes the shift as ``w - w / G`` (a float), its decode path as
+  ``w - w // G``; the two agree when ``G`` divides ``w`` (every published setting), and this
+  module uses the integer form.
+
+The largest relative position a method produces over ``L`` tokens is
+:func:`max_relative_position`; for SmolLM2-135M (8192 trained positions) at ``L = 16384``:
+ReRoPE ``w = 4096`` gives 4096, Leaky ReRoPE ``w = 4096, k = 4`` gives 7167.75, Self-Extend
+``w = 2048, G = 4`` gives 5631, all below 8191.
+
+Efficiency: the queries are processed ``chunk`` at a time; for a chunk ``[s, e)`` the
+neighbour logits are computed only for keys ``(s - w, e)`` and the far logits only for keys
+``[0, e - w)``, so the total work is about one causal attention plus ``chunk * w`` (not two
+full ones), and the largest temporary is ``heads * chunk * (k_len + chunk)`` logits; no
+``L x L`` matrix is built.
+
+**Attention sinks** (StreamingLLM, :cite:`xiao2024streamingllm`, :class:`SinkCache`). The cache
+keeps the first ``n_sink`` tokens of the stream and the ``window`` most recent ones, with keys
+stored *unrotated*; at each step every key is rotated at its index *inside* the cache
+(``0 .. n_sink + window - 1``) and the new queries after them, as the ``pos_shift`` patches of
+``mit-han-lab/streaming-llm`` do. ``rerotate=False`` keeps every key and query at its
+original absolute position instead (the relative distances are then the true ones, and the
+sinks drift beyond the trained range); ``n_sink=0`` is a plain sliding window.
+
+A long stream is processed in chunks of ``C`` tokens: the queries of a chunk see the cache and
+the causal part of the chunk, then the cache is trimmed back to ``n_sink + window`` tokens. So
+the ``c``-th token of a chunk (``c = 0 .. C - 1``) sees the sinks, the ``window`` most recent
+tokens before the chunk and the ``c`` earlier tokens of the chunk, plus itself: between
+``window`` and ``window + C - 1`` preceding tokens (once the stream is longer than the
+cache). ``C = 1`` is exact StreamingLLM (one token at a time, ``window`` recent tokens and
+itself); the largest position inside the cache is ``n_sink + window + C - 1``.
+
+Everything here is inference only (run it under ``torch.no_grad()``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._checks import check_bool, check_finite_number, check_positive_int, check_qkv, check_tensor
+from .rope import RotaryEmbedding, rope_frequencies, rope_rotate
+
+__all__ = [
+    "TRAINFREE_METHODS",
+    "ReRoPE",
+    "SelfExtend",
+    "max_relative_position",
+    "rope_tables",
+    "two_region_attention",
+    "sink_attention",
+    "SinkCache",
+    "stream_nll",
+    "lab_forward",
+    "lab_stream_nll",
+    "lab_bits_per_byte",
+]
+
+#: The training-free methods, as named on the ``python -m companion.longctx ppl`` command line.
+TRAINFREE_METHODS: tuple[str, ...] = ("rerope", "leaky_rerope", "self_extend", "sinks")
+
+
+def _check_rope(rope: object) -> RotaryEmbedding:
+    if not isinstance(rope, RotaryEmbedding):
+        raise TypeError(f"rope must be a companion.rope.RotaryEmbedding, got {type(rope).__name__}")
+    return rope
+
+
+@dataclass(frozen=True)
+class ReRoPE:
+    """ReRoPE (``leak=None``) or Leaky ReRoPE (``leak = k > 1``) with neighbour window ``window``.
+
+    Relative position ``i - j`` for ``i - j < window``; beyond it ``window`` (ReRoPE) or
+    ``window + (i - j - window) / k`` (Leaky ReRoPE), as in :cite:`su2023rerope` (see the
+    module doc for the conventions).
+
+    Args:
+        window: the neighbour window ``w``, an int >= 1.
+        leak: ``None`` (ReRoPE), or the interpolation factor ``k``, a finite number > 1.
+    """
+
+    window: int
+    leak: float | None = None
+
+    def __post_init__(self) -> None:
+        check_positive_int(self.window, "window")
+        if self.leak is not None:
+            object.__setattr__(self, "leak", check_finite_number(self.leak, "leak", above=1.0))
+
+    @property
+    def name(self) -> str:
+        """``"rerope"`` or ``"leaky_rerope"``."""
+        return "rerope" if self.leak is None else "leaky_rerope"
+
+    def far_positions(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """The far branch's rotation positions of queries at ``q_pos`` and keys at ``k_pos``
+        (int64): ``(w, 0)`` for ReRoPE (int64), ``((i + w (k - 1)) / k, j / k)`` in float64
+        for Leaky ReRoPE."""
+        w = self.window
+        if self.leak is None:
+            return torch.full_like(q_pos, w), torch.zeros_like(k_pos)
+        k = self.leak
+        return (q_pos.double() + w * (k - 1.0)) / k, k_pos.double() / k
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, rope: RotaryEmbedding, **kw: Any) -> Tensor:
+        """:func:`two_region_attention` with this method."""
+        return two_region_attention(q, k, v, rope, self, **kw)
+
+
+@dataclass(frozen=True)
+class SelfExtend:
+    """Self-Extend (:cite:`jin2024selfextend`): neighbour window ``window``, group size ``group``.
+
+    Relative position ``i - j`` for ``i - j < window``; beyond it
+    ``i // group - j // group + window - window // group`` (see the module doc).
+
+    Args:
+        window: the neighbour window ``w`` (LongLM's ``group_size_2``), an int >= 1.
+        group: the group size ``G`` (LongLM's ``group_size_1``), an int >= 1 (1 is plain RoPE).
+    """
+
+    window: int
+    group: int
+
+    def __post_init__(self) -> None:
+        check_positive_int(self.window, "window")
+        check_positive_int(self.group, "group")
+
+    @property
+    def name(self) -> str:
+        """``"self_extend"``."""
+        return "self_extend"
+
+    def far_positions(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """The far branch's rotation positions (int64): ``i // G + w - w // G`` and ``j // G``."""
+        g, w = self.group, self.window
+        return torch.div(q_pos, g, rounding_mode="floor") + (w - w // g), torch.div(k_pos, g, rounding_mode="floor")
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, rope: RotaryEmbedding, **kw: Any) -> Tensor:
+        """:func:`two_region_attention` with this method."""
+        return two_region_attention(q, k, v, rope, self, **kw)
+
+
+def _check_mode(mode: object) -> ReRoPE | SelfExtend:
+    if not isinstance(mode, (ReRoPE, SelfExtend)):
+        raise TypeError(f"mode must be a ReRoPE or SelfExtend, got {type(mode).__name__}")
+    return mode
+
+
+def max_relative_position(mode: ReRoPE | SelfExtend, length: int) -> float:
+    """The largest relative position that ``mode`` feeds RoPE over ``length`` tokens.
+
+    Plain RoPE would give ``length - 1``. With ``w = mode.window`` and ``n = length - 1``:
+    ``n`` if ``n < w`` (every pair is a neighbour); otherwise ``w`` (ReRoPE),
+    ``w + (n - w) / k`` (Leaky ReRoPE), ``max(w - 1, n // G + w - w // G)`` (Self-Extend, the
+    far branch is largest at ``i = n, j = 0``).
+    """
+    _check_mode(mode)
+    n = check_positive_int(length, "length") - 1
+    w = mode.window
+    if n < w:
+        return float(n)
+    if isinstance(mode, SelfExtend):
+        return float(max(w - 1, n // mode.group + w - w // mode.group))
+    if mode.leak is None:
+        return float(w)
+    return w + (n - w) / mode.leak
+
+
+def rope_tables(rope: RotaryEmbedding, positions: Tensor, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """Compact cos/sin tables ``(n, rotary_dim // 2)`` of ``rope`` at 1-D ``positions``.
+
+    Integer positions read ``rope.cos_sin`` (the model's own tables, bit for bit what
+    ``rope.rotate`` uses). Fractional (floating) positions, as Leaky ReRoPE's, get angles
+    ``p * theta`` computed in float64 from float64 positions (never the activations' dtype),
+    times ``rope.attention_scaling``, then cast to ``dtype`` (float32 or float64).
+    """
+    _check_rope(rope)
+    check_tensor(positions, "positions", 1)
+    if not positions.dtype.is_floating_point:
+        return rope.cos_sin(positions, dtype=dtype)
+    inv_freq = rope.inv_freq
+    if dtype == torch.float64 and rope.base is not None:  # as rope.rotate does for float64
+        inv_freq = rope_frequencies(rope.rotary_dim, rope.base, inv_freq.device, dtype=torch.float64)
+    angle = positions.to(inv_freq.device, torch.float64)[:, None] * inv_freq.double()
+    cos, sin = angle.cos() * rope.attention_scaling, angle.sin() * rope.attention_scaling
+    return cos.to(dtype), sin.to(dtype)
+
+
+def _rotate_at(rope: RotaryEmbedding, x: Tensor, positions: Tensor) -> Tensor:
+    """Rotate ``x`` ``(batch, heads, seq, d)``; sequence index ``s`` at ``positions[s]``."""
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if positions.numel() and bool((positions == positions[0]).all()):  # one position (ReRoPE's far q)
+        cos, sin = rope_tables(rope, positions[:1], dtype)
+        cos, sin = cos.expand(positions.numel(), -1), sin.expand(positions.numel(), -1)
+    else:
+        cos, sin = rope_tables(rope, positions, dtype)
+    return rope_rotate(x, cos, sin, layout=rope.layout, rotary_dim=rope.rotary_dim)
+
+
+def _scale(scale: float | None, d: int) -> float:
+    return 1.0 / math.sqrt(d) if scale is None else check_finite_number(scale, "scale")
+
+
+@torch.no_grad()
+def two_region_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rope: RotaryEmbedding,
+    mode: ReRoPE | SelfExtend,
+    *,
+    scale: float | None = None,
+    chunk: int = 256,
+) -> Tensor:
+    """Causal attention with ReRoPE, Leaky ReRoPE or Self-Extend positions (see the module doc).
+
+    ``q`` ``(batch, heads, q_len, d)``, ``k`` ``(batch, kv_heads, k_len, d)`` and ``v``
+    ``(batch, kv_heads, k_len, d_v)`` are *unrotated*; the keys sit at positions
+    ``0 .. k_len - 1`` and the queries are the last ``q_len`` of them (``q_len <= k_len``).
+    The logit of query ``i`` and key ``j <= i`` is ``scale * q_rot(i) . k_rot(j)`` when
+    ``i - j < w`` and ``scale * q_far(i) . k_far(j)`` otherwise (``mode.far_positions``);
+    softmax in float32 or wider. Exact: the two regions are computed block-sparsely, ``chunk``
+    queries at a time, never as two full ``L x L`` matrices.
+
+    Args:
+        q, k, v: as above, one floating dtype.
+        rope: the model's :class:`~companion.rope.RotaryEmbedding`.
+        mode: a :class:`ReRoPE` or :class:`SelfExtend`.
+        scale: the logit scale, default ``1 / sqrt(d)``.
+        chunk: queries per block, an int >= 1 (the result does not depend on it beyond rounding).
+
+    Returns:
+        ``(batch, heads, q_len, d_v)`` in ``q``'s dtype.
+    """
+    b, h, lq, d, hk, lk = check_qkv(q, k, v)
+    _check_rope(rope)
+    mode = _check_mode(mode)
+    chunk = check_positive_int(chunk, "chunk")
+    scale = _scale(scale, d)
+    if lq > lk:
+        raise ValueError(f"q_len ({lq}) must be <= k_len ({lk}): the queries are the last q_len keys")
+    w, g, dv = mode.window, h // hk, v.shape[-1]
+    start = lk - lq
+    dev = q.device
+    k_pos = torch.arange(lk, device=dev)
+    q_pos = k_pos[start:]
+    work = torch.promote_types(q.dtype, torch.float32)
+    qn = _rotate_at(rope, q, q_pos).to(work).view(b, hk, g, lq, d)
+    kn = _rotate_at(rope, k, k_pos).to(work)
+    far = lk - 1 >= w  # some pair (i = lk - 1, j = 0) is not a neighbour
+    if far:
+        fq, fk = mode.far_positions(q_pos, k_pos)
+        qf = _rotate_at(rope, q, fq).to(work).view(b, hk, g, lq, d)
+        kf = _rotate_at(rope, k, fk).to(work)
+    vw = v.to(work)
+    out = torch.empty(b, hk, g, lq, dv, dtype=work, device=dev)
+    for s in range(0, lq, chunk):
+        e = min(s + chunk, lq)
+        c = e - s
+        i = q_pos[s:e]
+        i_lo, i_hi = start + s, start + e  # absolute positions [i_lo, i_hi)
+        lo = max(0, i_lo - w + 1)  # neighbour keys: [lo, i_hi)
+        nf = max(0, i_hi - w) if far else 0  # far keys: [0, nf)
+        qc = qn[:, :, :, s:e].reshape(b, hk, g * c, d)
+        logits = [torch.matmul(qc, kn[:, :, lo:i_hi].transpose(-1, -2))]
+        diff = i[:, None] - k_pos[None, lo:i_hi]
+        masks = [(diff >= 0) & (diff < w)]
+        if nf:
+            qfc = qf[:, :, :, s:e].reshape(b, hk, g * c, d)
+            logits.insert(0, torch.matmul(qfc, kf[:, :, :nf].transpose(-1, -2)))
+            masks.insert(0, (i[:, None] - k_pos[None, :nf]) >= w)
+        lg = torch.cat(logits, dim=-1).view(b, hk, g, c, -1)
+        lg.mul_(scale).masked_fill_(~torch.cat(masks, dim=-1), float("-inf"))
+        p = torch.softmax(lg, dim=-1).view(b, hk, g * c, -1)
+        y = torch.matmul(p[..., nf:], vw[:, :, lo:i_hi])
+        if nf:
+            y += torch.matmul(p[..., :nf], vw[:, :, :nf])
+        out[:, :, :, s:e] = y.view(b, hk, g, c, dv)
+    return out.view(b, h, lq, dv).to(q.dtype)
+
+
+# ----------------------------------------------------------------------------- attention sinks
+
+
+@torch.no_grad()
+def sink_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rope: RotaryEmbedding,
+    *,
+    past_k: Tensor | None = None,
+    past_v: Tensor | None = None,
+    past_pos: Tensor | None = None,
+    positions: Tensor,
+    rerotate: bool = True,
+    scale: float | None = None,
+) -> Tensor:
+    """One chunk of StreamingLLM attention over a cache of unrotated keys (:cite:`xiao2024streamingllm`).
+
+    ``q`` ``(batch, heads, C, d)``, ``k``, ``v`` ``(batch, kv_heads, C, d)``: the chunk's
+    unrotated queries, keys and values, at absolute stream positions ``positions`` (int64
+    ``(C,)``). ``past_k``, ``past_v`` ``(batch, kv_heads, m, d)``: the cached unrotated keys and
+    values (``None``: empty), at absolute positions ``past_pos`` ``(m,)``. Query ``c`` sees all
+    ``m`` cached keys and chunk keys ``0 .. c``. With ``rerotate`` the keys are rotated at
+    ``0 .. m + C - 1`` (their index in ``cat(past, chunk)``) and query ``c`` at ``m + c``;
+    without, everything at its absolute position. Returns ``(batch, heads, C, d_v)``.
+    """
+    check_qkv(q, k, v)
+    _check_rope(rope)
+    check_bool(rerotate, "rerotate")
+    check_tensor(positions, "positions", 1)
+    c = q.shape[2]
+    if positions.shape[0] != c:
+        raise ValueError(f"positions must have shape ({c},), got {tuple(positions.shape)}")
+    if past_k is None:
+        return _sink_core(q, k, v, rope, 0, positions, rerotate, scale)
+    m = past_k.shape[2]
+    if past_v is None or past_pos is None or past_pos.shape != (m,):
+        raise ValueError("past_k, past_v and past_pos (shape (m,)) must be given together")
+    keys, values = torch.cat((past_k, k), dim=2), torch.cat((past_v, v), dim=2)
+    check_qkv(q, keys, values)
+    return _sink_core(q, keys, values, rope, m, torch.cat((past_pos, positions)), rerotate, scale)
+
+
+def _sink_core(q: Tensor, keys: Tensor, values: Tensor, rope: RotaryEmbedding, m: int, k_abs: Tensor,
+               rerotate: bool, scale: float | None, tables: dict | None = None) -> Tensor:
+    """Attention of the last ``C = q_len`` of ``keys`` (the chunk) over ``keys`` (``m`` cached ones
+    first), keys at absolute positions ``k_abs``; ``tables`` memoises the cos/sin of a step
+    (every layer of a chunk rotates at the same positions)."""
+    c, n, d = q.shape[2], keys.shape[2], q.shape[3]
+    scale = _scale(scale, d)
+    k_rot_pos = torch.arange(n, device=q.device) if rerotate else k_abs
+    q_rot_pos = k_rot_pos[m:]
+    dtype = torch.float64 if torch.float64 in (q.dtype, keys.dtype) else torch.float32
+    key = (n, m, dtype, None if rerotate else int(k_abs[-1]))
+    if tables is not None and key in tables:
+        cos, sin = tables[key]
+    else:
+        cos, sin = rope_tables(rope, k_rot_pos, dtype)
+        if tables is not None:
+            tables.clear()
+            tables[key] = cos, sin
+    kw = dict(layout=rope.layout, rotary_dim=rope.rotary_dim)
+    qr = rope_rotate(q, cos[m:], sin[m:], **kw)
+    kr = rope_rotate(keys, cos, sin, **kw)
+    if m == 0:
+        return F.scaled_dot_product_attention(qr, kr, values, is_causal=True, scale=scale, enable_gqa=True)
+    if c == 1:  # one query sees every key
+        return F.scaled_dot_product_attention(qr, kr, values, scale=scale, enable_gqa=True)
+    idx = torch.arange(c, device=q.device)
+    mask = torch.cat((torch.ones(c, m, dtype=torch.bool, device=q.device), idx[None, :] <= idx[:, None]), dim=1)
+    return F.scaled_dot_product_attention(qr, kr, values, attn_mask=mask, scale=scale, enable_gqa=True)
+
+
+def _check_sink_args(n_sink: object, window: object, rerotate: object) -> tuple[int, int, bool]:
+    return (check_positive_int(n_sink, "n_sink", minimum=0), check_positive_int(window, "window"),
+            check_bool(rerotate, "rerotate"))
+
+
+class SinkCache:
+    """A StreamingLLM cache (:cite:`xiao2024streamingllm`): the first ``n_sink`` tokens and the
+    ``window`` most recent ones, keys stored unrotated, one entry per layer.
+
+    :meth:`attend` runs :func:`sink_attention` for one layer's chunk and then trims that layer
+    to ``n_sink + window`` tokens (dropping the oldest non-sink ones). Every layer sees the
+    same chunks, so the layers hold the same positions. :attr:`length` is the number of
+    stream tokens seen (the absolute position of the next one). See the module doc for what
+    each token sees with chunks of ``C`` tokens.
+
+    Args:
+        n_layers: number of layers, an int >= 1.
+        n_sink: sink tokens kept, an int >= 0 (0: a plain sliding window).
+        window: recent tokens kept, an int >= 1.
+        rerotate: rotate keys at their index in the cache (StreamingLLM) instead of their
+            original absolute position.
+    """
+
+    def __init__(self, n_layers: int, n_sink: int = 4, window: int = 1024, *, rerotate: bool = True) -> None:
+        self.n_layers = check_positive_int(n_layers, "n_layers")
+        self.n_sink, self.window, self.rerotate = _check_sink_args(n_sink, window, rerotate)
+        self._k: list[Tensor | None] = [None] * n_layers
+        self._v: list[Tensor | None] = [None] * n_layers
+        self._pos: list[Tensor | None] = [None] * n_layers
+        self._seen = [0] * n_layers
+        self._tables: dict = {}  # the cos/sin of the current step, shared by the layers
+
+    @property
+    def capacity(self) -> int:
+        """``n_sink + window``: the tokens kept between chunks."""
+        return self.n_sink + self.window
+
+    @property
+    def length(self) -> int:
+        """Stream tokens seen so far (by the last layer)."""
+        return self._seen[-1]
+
+    def cached_positions(self, layer: int = 0) -> Tensor:
+        """The absolute stream positions held for ``layer`` (int64), empty before the first chunk."""
+        pos = self._pos[layer]
+        return torch.empty(0, dtype=torch.int64) if pos is None else pos.clone()
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RotaryEmbedding,
+               scale: float | None = None) -> Tensor:
+        """Attention of one chunk's unrotated ``q``, ``k``, ``v`` for ``layer``, then trim the cache."""
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.n_layers:
+            raise IndexError(f"layer must be an int in [0, {self.n_layers}), got {layer!r}")
+        check_qkv(q, k, v)
+        _check_rope(rope)
+        c = k.shape[2]
+        seen = self._seen[layer]
+        positions = torch.arange(seen, seen + c, device=k.device)
+        if self._k[layer] is None:
+            m, keys, values, pos = 0, k, v, positions
+        else:
+            m = self._k[layer].shape[2]
+            keys = torch.cat((self._k[layer], k), dim=2)
+            values = torch.cat((self._v[layer], v), dim=2)
+            pos = torch.cat((self._pos[layer], positions))
+        out = _sink_core(q, keys, values, rope, m, pos, self.rerotate, scale, self._tables)
+        n = keys.shape[2]
+        if n > self.capacity:
+            keep = torch.cat((torch.arange(self.n_sink, device=k.device),
+                              torch.arange(n - self.window, n, device=k.device)))
+            keys, values, pos = keys[:, :, keep], values[:, :, keep], pos[keep]
+        self._k[layer], self._v[layer], self._pos[layer] = keys, values, pos
+        self._seen[layer] = seen + c
+        return out
+
+
+def _stream_chunks(
+    step: Callable[[Tensor], Tensor], ids: Tensor, chunk: int, float32: bool = False,
+) -> Tensor:
+    """Per-token NLL ``(batch, seq - 1)`` of ``ids[:, 1:]``: ``step(ids[:, s:e])`` returns the
+    logits of one chunk (the cache is inside ``step``). The loss is computed in float32 or
+    wider (``float32``: exactly float32, as the lab's evaluation does)."""
+    out = []
+    n = ids.shape[1]
+    for s in range(0, n - 1, chunk):
+        e = min(s + chunk, n - 1)  # the last token has no target; it is never fed
+        logits = step(ids[:, s:e])
+        logits = logits.float() if float32 else logits.to(torch.promote_types(logits.dtype, torch.float32))
+        out.append(F.cross_entropy(logits.transpose(1, 2), ids[:, s + 1:e + 1], reduction="none"))
+    return torch.cat(out, dim=1)
+
+
+@torch.no_grad()
+def stream_nll(model: Any, ids: Tensor, n_sink: int = 4, window: int = 1024, chunk: int = 256,
+               *, rerotate: bool = True) -> Tensor:
+    """Per-token NLL ``(batch, seq - 1)`` of ``ids[:, 1:]`` (nats) for a
+    :class:`companion.llama.LlamaModel` reading ``ids`` as a stream through a :class:`SinkCache`.
+
+    The stream is fed ``chunk`` tokens at a time (see the module doc: each token sees the
+    sinks and between ``window`` and ``window + chunk - 1`` preceding tokens; ``chunk=1`` is
+    exact StreamingLLM). With ``n_sink + window >= seq`` nothing is evicted and the result is
+    the plain model's, to rounding.
+    """
+    n_sink, window, rerotate = _check_sink_args(n_sink, window, rerotate)
+    chunk = check_positive_int(chunk, "chunk")
+    ids = model._check_ids(ids)
+    if ids.shape[1] < 2:
+        raise ValueError(f"ids must hold at least 2 tokens per row for a next-token loss, got {ids.shape[1]}")
+    cache = SinkCache(model.config.n_layers, n_sink, window, rerotate=rerotate)
+    return _stream_chunks(lambda part: model.logits(model.hidden(part, cache)), ids, chunk)
+
+
+# ----------------------------------------------------------------------------- the lab's TinyDecoder
+
+
+def _check_lab_model(model: object) -> Any:
+    from .model import TinyDecoder
+
+    if not isinstance(model, TinyDecoder):
+        raise TypeError(f"model must be a companion.model.TinyDecoder, got {type(model).__name__}")
+    if not isinstance(model.scheme, RotaryEmbedding):
+        raise TypeError(f"model.scheme must be a RotaryEmbedding (the lab's rope models), got "
+                        f"{type(model.scheme).__name__}")
+    return model
+
+
+@torch.no_grad()
+def lab_forward(model: Any, idx: Tensor, mode: ReRoPE | SelfExtend | None = None,
+                cache: SinkCache | None = None, *, chunk: int = 256) -> Tensor:
+    """Logits ``(batch, seq, vocab)`` of a lab :class:`~companion.model.TinyDecoder` with a
+    :class:`~companion.rope.RotaryEmbedding` scheme, with a training-free method.
+
+    Runs the model's own blocks (LayerNorms, q/k/v/o projections of its
+    :class:`~companion.model.MultiHeadAttention`, MLP, final norm and head) with the
+    attention replaced: ``mode`` (ReRoPE / Self-Extend, positions ``0 .. seq - 1``), or
+    ``cache`` (a :class:`SinkCache` of ``len(model.blocks)`` layers: the tokens continue the
+    stream it holds), or neither (plain causal RoPE attention, the model's own function).
+    """
+    model = _check_lab_model(model)
+    if mode is not None and cache is not None:
+        raise ValueError("pass mode or cache, not both")
+    if mode is not None:
+        _check_mode(mode)
+    if cache is not None:
+        if not isinstance(cache, SinkCache):
+            raise TypeError(f"cache must be a SinkCache or None, got {type(cache).__name__}")
+        if cache.n_layers != len(model.blocks):
+            raise ValueError(f"cache has {cache.n_layers} layers, the model {len(model.blocks)}")
+    check_tensor(idx, "idx", 2)
+    rope = model.scheme
+    x = model.tok(idx)
+    n = idx.shape[1]
+    for li, block in enumerate(model.blocks):
+        attn = block.attn
+        hx = block.ln1(x)
+        q = attn._split(attn.q_proj(hx), attn.n_heads)
+        k = attn._split(attn.k_proj(hx), attn.n_kv_heads)
+        v = attn._split(attn.v_proj(hx), attn.n_kv_heads)
+        if cache is not None:
+            y = cache.attend(li, q, k, v, rope)
+        elif mode is not None:
+            y = two_region_attention(q, k, v, rope, mode, chunk=chunk)
+        else:
+            pos = torch.arange(n, device=idx.device)
+            qr, kr = rope.rotate(q, k, pos, pos)
+            y = F.scaled_dot_product_attention(qr, kr, v, is_causal=True, enable_gqa=True)
+        x = x + attn.o_proj(y.transpose(1, 2).reshape(idx.shape[0], n, attn.d_model))
+        x = x + block.mlp(block.ln2(x))
+    return model.head(model.ln_f(x))
+
+
+@torch.no_grad()
+def lab_stream_nll(model: Any, idx: Tensor, n_sink: int = 4, window: int = 256, chunk: int = 64,
+                   *, rerotate: bool = True) -> Tensor:
+    """Per-token NLL ``(batch, seq - 1)`` (nats) of a lab TinyDecoder reading ``idx`` as a stream
+    through a :class:`SinkCache`, ``chunk`` tokens at a time (as :func:`stream_nll`). The loss
+    is computed from float32 logits, as :func:`companion.lab.evaluate.bits_per_byte` does."""
+    model = _check_lab_model(model)
+    n_sink, window, rerotate = _check_sink_args(n_sink, window, rerotate)
+    chunk = check_positive_int(chunk, "chunk")
+    check_tensor(idx, "idx", 2)
+    if idx.shape[1] < 2:
+        raise ValueError(f"idx must hold at least 2 tokens per row, got {idx.shape[1]}")
+    cache = SinkCache(len(model.blocks), n_sink, window, rerotate=rerotate)
+    return _stream_chunks(lambda part: lab_forward(model, part, cache=cache), idx, chunk, float32=True)
+
+
+def _lab_method(method: str, params: dict[str, Any]) -> Callable[[Any, Tensor], Tensor]:
+    """A function ``(model, rows) -> nll (rows, W)`` in nats for ``method``."""
+    if method == "rerope":
+        mode = ReRoPE(params.get("window", 128))
+    elif method == "leaky_rerope":
+        mode = ReRoPE(params.get("window", 128), params.get("leak", 4.0))
+    elif method == "self_extend":
+        mode = SelfExtend(params.get("window", 64), params.get("group", 4))
+    elif method == "sinks":
+        n_sink, window, chunk = params.get("n_sink", 4), params.get("window", 192), params.get("chunk", 32)
+        rerotate = params.get("rerotate", True)
+        return lambda model, rows: lab_stream_nll(model, rows, n_sink, window, chunk, rerotate=rerotate)
+    else:
+        raise ValueError(f"method must be one of {list(TRAINFREE_METHODS)}, got {method!r}")
+
+    def run(model: Any, rows: Tensor) -> Tensor:
+        logits = lab_forward(model, rows[:, :-1], mode).float()
+        return F.cross_entropy(logits.transpose(1, 2), rows[:, 1:], reduction="none")
+
+    return run
+
+
+@torch.no_grad()
+def lab_bits_per_byte(
+    model: Any,
+    data: np.ndarray,
+    lengths: list[int] | tuple[int, ...],
+    method: str,
+    *,
+    tokens: int = 1 << 15,
+    tokens_per_batch: int = 1 << 14,
+    **params: Any,
+) -> dict[int, dict[str, float]]:
+    """:func:`companion.lab.evaluate.bits_per_byte` with a training-free method: ``{W: {"all", "tail"}}``.
+
+    The same windows (``tokens // W`` windows of ``W + 1`` bytes spread evenly over ``data``),
+    the same batching and the same figures (``"all"``: mean bits over every position,
+    ``"tail"``: the last ``min(TAIL, W)``), so the result plots against chapter 8's curves.
+    The lab's tokens are bytes, so bits per token are bits per byte. ``method`` is one of
+    :data:`TRAINFREE_METHODS`; ``params``: ``window`` (and ``leak``) for ``rerope`` /
+    ``leaky_rerope``, ``window`` and ``group`` for ``self_extend``, ``n_sink``, ``window``,
+    ``chunk`` and ``rerotate`` for ``sinks`` (each window is one stream through a fresh cache).
+    """
+    from .lab.data import windows
+    from .lab.evaluate import LN2, TAIL, evenly_spaced_starts
+
+    _check_lab_model(model)
+    run = _lab_method(method, dict(params))
+    model.eval()
+    result = {}
+    for w in lengths:
+        w = check_positive_int(int(w), "lengths")
+        count = max(1, tokens // w)
+        rows = windows(data, evenly_spaced_starts(data.size, w + 1, count), w + 1)
+        per_batch = max(1, tokens_per_batch // w)
+        bits = torch.cat([run(model, part) / LN2 for part in rows.split(per_batch)])
+        result[w] = {"all": float(bits.mean()), "tail": float(bits[:, -min(TAIL, w):].mean())}
+    return result
