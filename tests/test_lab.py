@@ -772,3 +772,24 @@ def test_training_projects_constrained_scheme_parameters():
         model.scheme.r2.fill_(5.0)
     project_parameters(model)
     assert bool((model.scheme.r1 > 0).all()) and bool((model.scheme.r2 <= 2).all())
+
+
+def test_trainfree_lab_settings_keep_positions_in_the_trained_range():
+    from companion.lab.trainfree_lab import LAB_TRAINFREE, lab_settings
+    from companion.trainfree import ReRoPE, SelfExtend, max_relative_position
+    L = 128
+    for W in (128, 256, 512, 2048):
+        for name in LAB_TRAINFREE:
+            kw = lab_settings(name, L, W)
+            if name in ("rerope", "leaky_rerope"):
+                top = max_relative_position(ReRoPE(kw["window"], kw.get("leak")), W)
+            elif name == "self_extend":
+                top = max_relative_position(SelfExtend(kw["window"], kw["group"]), W)
+                if kw["group"] > 1:  # the smallest group that fits
+                    assert max_relative_position(SelfExtend(kw["window"], kw["group"] - 1), W) > L - 1
+            else:
+                top = kw["n_sink"] + kw["window"] + kw["chunk"] - 1
+            assert top <= L - 1, (name, W, kw, top)
+    assert lab_settings("self_extend", L, 2048)["group"] == 32
+    with pytest.raises(ValueError, match="name must be one of"):
+        lab_settings("yarn", L, 256)

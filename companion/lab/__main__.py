@@ -1,4 +1,4 @@
-"""``python -m companion.lab train|eval|sweep|extend ...``: the lab's command line.
+"""``python -m companion.lab train|eval|sweep|extend|trainfree ...``: the lab's command line.
 
 Examples::
 
@@ -11,6 +11,8 @@ Examples::
     # chapter 9: every RoPE scaling method at 2x, 4x, 8x, without and with a short fine-tune
     python -m companion.lab extend --seeds 0 1 --factors 2 4 8 --finetune-steps 0 200 \
         --out chapters/data/09_extension.csv --json chapters/data/09_extension.json
+    # chapter 11: training-free extension (ReRoPE, Self-Extend, attention sinks) of the RoPE models
+    python -m companion.lab trainfree --seeds 0 1 --out chapters/data/11_trainfree_lab.json
     # your own encoding beside the baselines
     python -m companion.lab sweep --schemes nope rope alibi mypkg.enc:MyScheme --seeds 0 1 --out mine.json
 
@@ -100,6 +102,17 @@ def main(argv: list[str] | None = None) -> int:
     _add_dataclass_options(p_ext, TrainConfig, skip=("scheme", "seed"))
     _add_dataclass_options(p_ext, ExtendConfig)
 
+    p_tf = sub.add_parser("trainfree", help="training-free extension of the trained RoPE models (chapter 11)")
+    p_tf.add_argument("--seeds", type=int, nargs="+", default=[0, 1],
+                      help="RoPE models of these seeds (trained first if their checkpoint is missing)")
+    p_tf.add_argument("--checkpoint-dir", default="runs/lab")
+    p_tf.add_argument("--methods", nargs="+", default=["all"], help="names of companion.lab.trainfree_lab.LAB_TRAINFREE or 'all'")
+    p_tf.add_argument("--multiples", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p_tf.add_argument("--tokens", type=int, default=1 << 15)
+    p_tf.add_argument("--workers", type=int, default=2)
+    p_tf.add_argument("--out", required=True, help="JSON file of the results (with provenance)")
+    _add_dataclass_options(p_tf, TrainConfig, skip=("scheme", "seed"))
+
     ns = parser.parse_args(argv)
     if ns.cmd in ("train", "eval"):
         torch.set_num_threads(ns.threads)
@@ -126,6 +139,16 @@ def main(argv: list[str] | None = None) -> int:
             save_result(ns.out, record, command=command)
         for k, v in record["eval"]["bpb"].items():
             print(f"length {k:>5}: {v['all']:.3f} bits per byte (last 64: {v['tail']:.3f})")
+    elif ns.cmd == "trainfree":
+        from .trainfree_lab import run_trainfree
+        base = _picked(ns, TrainConfig, skip=("scheme", "seed"))
+        configs = [TrainConfig(scheme="rope", seed=seed, **base) for seed in ns.seeds]
+        paths = [str(checkpoint_path(ns.checkpoint_dir, c)) for c in configs]
+        train_missing(configs, paths, workers=ns.workers)
+        result = run_trainfree(paths, ns.multiples, tokens=ns.tokens,
+                               names=None if ns.methods == ["all"] else ns.methods)
+        save_result(ns.out, result, command=command)
+        print(f"trainfree: {len(paths)} models in {result['wall_seconds']:.0f} s -> {ns.out}")
     elif ns.cmd == "extend":
         base = _picked(ns, TrainConfig, skip=("scheme", "seed"))
         configs = [TrainConfig(scheme="rope", seed=seed, **base) for seed in ns.seeds]
