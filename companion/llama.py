@@ -384,13 +384,15 @@ class LlamaModel(nn.Module):
             raise ValueError(f"ids must lie in [0, {self.config.vocab_size}), got values in [{lo}, {hi}]")
         return ids.long()
 
-    def hidden(self, ids: Tensor, cache: KVCache | None = None) -> Tensor:
+    def hidden(self, ids: Tensor, cache: KVCache | SinkCache | None = None) -> Tensor:
         """Final normed hidden states ``(batch, seq, dim)``; the tokens sit at positions
-        ``cache.length ..`` (0 without a cache), and the cache is extended in place."""
+        ``cache.length ..`` (0 without a cache), and the cache is extended in place. A
+        :class:`~companion.trainfree.SinkCache` continues its stream with StreamingLLM
+        attention (positions inside the cache, see :mod:`companion.trainfree`)."""
         ids = self._check_ids(ids)
         if cache is not None:
             if not isinstance(cache, (KVCache, SinkCache)):
-                raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
+                raise TypeError(f"cache must be a KVCache, a trainfree.SinkCache or None, got {type(cache).__name__}")
             if self._attention_mode is not None:
                 raise ValueError(
                     f"attention mode {self._attention_mode.name!r} runs a prefill pass only, without a "

@@ -242,6 +242,18 @@ def _scale(scale: float | None, d: int) -> float:
     return 1.0 / math.sqrt(d) if scale is None else check_finite_number(scale, "scale")
 
 
+def _flash_op() -> Any:
+    """torch's CPU flash attention that also returns the log-sum-exp of each query's logits
+    (``aten::_scaled_dot_product_flash_attention_for_cpu``), or ``None`` if this torch lacks it,
+    or if :data:`USE_FLASH` is off."""
+    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None) if USE_FLASH else None
+
+
+#: Use torch's fused CPU attention kernel when it exists (the tests also switch it off, to
+#: check the plain matrix-product path that every device runs).
+USE_FLASH = True
+
+
 @torch.no_grad()
 def two_region_attention(
     q: Tensor,
@@ -251,7 +263,7 @@ def two_region_attention(
     mode: ReRoPE | SelfExtend,
     *,
     scale: float | None = None,
-    chunk: int = 256,
+    chunk: int = 512,
 ) -> Tensor:
     """Causal attention with ReRoPE, Leaky ReRoPE or Self-Extend positions (see the module doc).
 
@@ -259,9 +271,15 @@ def two_region_attention(
     ``(batch, kv_heads, k_len, d_v)`` are *unrotated*; the keys sit at positions
     ``0 .. k_len - 1`` and the queries are the last ``q_len`` of them (``q_len <= k_len``).
     The logit of query ``i`` and key ``j <= i`` is ``scale * q_rot(i) . k_rot(j)`` when
-    ``i - j < w`` and ``scale * q_far(i) . k_far(j)`` otherwise (``mode.far_positions``);
-    softmax in float32 or wider. Exact: the two regions are computed block-sparsely, ``chunk``
-    queries at a time, never as two full ``L x L`` matrices.
+    ``i - j < w`` and ``scale * q_far(i) . k_far(j)`` otherwise (``mode.far_positions``).
+
+    Exact and block-sparse: queries go ``chunk`` at a time; for a block ``[i0, i1)`` the
+    neighbour logits are computed for keys ``[i0 - w + 1, i1)`` only and the far logits for
+    keys ``[0, i1 - w)`` only, each with its own mask, so the work is one causal attention plus
+    ``chunk`` keys per query, and no ``L x L`` matrix exists. On the CPU the two blocks run on
+    torch's fused attention kernel, which returns each row's log-sum-exp, and are combined
+    exactly through it (``out = sum_b exp(lse_b - lse) out_b``); elsewhere, explicit masked
+    logits of one block at a time. Arithmetic in float32 or wider.
 
     Args:
         q, k, v: as above, one floating dtype.
@@ -286,38 +304,69 @@ def two_region_attention(
     k_pos = torch.arange(lk, device=dev)
     q_pos = k_pos[start:]
     work = torch.promote_types(q.dtype, torch.float32)
-    qn = _rotate_at(rope, q, q_pos).to(work).view(b, hk, g, lq, d)
-    kn = _rotate_at(rope, k, k_pos).to(work)
+    op = _flash_op() if dev.type == "cpu" else None
+
+    def keys(x: Tensor) -> Tensor:
+        """Key/value heads in the working dtype; for the fused kernel (no GQA) one per query head."""
+        x = x.to(work)
+        if op is None:
+            return x
+        return x.repeat_interleave(g, dim=1) if g > 1 else x.contiguous()
+
+    def queries(x: Tensor) -> Tensor:
+        """Queries in the working dtype; grouped ``(b, kv_heads, g, q_len, d)`` for matrix products."""
+        x = x.to(work)
+        return x if op is not None else x.view(b, hk, g, lq, d)
+
+    qn, kn, vw = queries(_rotate_at(rope, q, q_pos)), keys(_rotate_at(rope, k, k_pos)), keys(v)
     far = lk - 1 >= w  # some pair (i = lk - 1, j = 0) is not a neighbour
     if far:
         fq, fk = mode.far_positions(q_pos, k_pos)
-        qf = _rotate_at(rope, q, fq).to(work).view(b, hk, g, lq, d)
-        kf = _rotate_at(rope, k, fk).to(work)
-    vw = v.to(work)
-    out = torch.empty(b, hk, g, lq, dv, dtype=work, device=dev)
+        qf, kf = queries(_rotate_at(rope, q, fq)), keys(_rotate_at(rope, k, fk))
+    out = torch.empty(b, h, lq, dv, dtype=work, device=dev)
+    neg = float("-inf")
     for s in range(0, lq, chunk):
         e = min(s + chunk, lq)
         c = e - s
         i = q_pos[s:e]
-        i_lo, i_hi = start + s, start + e  # absolute positions [i_lo, i_hi)
-        lo = max(0, i_lo - w + 1)  # neighbour keys: [lo, i_hi)
-        nf = max(0, i_hi - w) if far else 0  # far keys: [0, nf)
+        i0, i1 = start + s, start + e  # absolute query positions [i0, i1)
+        lo = max(0, i0 - w + 1)  # neighbour keys [lo, i1)
+        nf = max(0, i1 - w) if far else 0  # far keys [0, nf)
+        if op is not None:
+            # additive masks from triangles: row a is query i0 + a, column jj key lo + jj (near)
+            # or jj (far); near needs i - w < j <= i, far j <= i - w
+            mask_n = torch.full((c, i1 - lo), neg, dtype=work, device=dev).triu_(i0 - lo + 1)
+            if i0 - w - lo >= -c:  # some key j <= i - w inside [lo, i1)
+                mask_n += torch.full_like(mask_n, neg).tril_(i0 - w - lo)
+            y, lse = op(qn[:, :, s:e], kn[:, :, lo:i1], vw[:, :, lo:i1], 0.0, False, attn_mask=mask_n, scale=scale)
+            if nf:
+                mask_f = torch.full((c, nf), neg, dtype=work, device=dev).triu_(i0 - w + 1)
+                yf, lf = op(qf[:, :, s:e], kf[:, :, :nf], vw[:, :, :nf], 0.0, False, attn_mask=mask_f, scale=scale)
+                # a query with no far key (i < w) gets lse 0 from the kernel; it must weigh nothing
+                lf[..., : max(0, w - i0)] = neg
+                total = torch.logaddexp(lse, lf)
+                y = y * torch.exp(lse - total).unsqueeze(-1) + yf * torch.exp(lf - total).unsqueeze(-1)
+            out[:, :, s:e] = y
+            continue
+        # explicit logits, query head h = kv head h // g (grouped, without copying the keys)
+        diff_n = i[:, None] - k_pos[None, lo:i1]
+        near_ok = (diff_n >= 0) & (diff_n < w)
+        far_ok = (i[:, None] - k_pos[None, :nf]) >= w
         qc = qn[:, :, :, s:e].reshape(b, hk, g * c, d)
-        logits = [torch.matmul(qc, kn[:, :, lo:i_hi].transpose(-1, -2))]
-        diff = i[:, None] - k_pos[None, lo:i_hi]
-        masks = [(diff >= 0) & (diff < w)]
+        logits = [torch.matmul(qc, kn[:, :, lo:i1].transpose(-1, -2))]
+        masks = [near_ok]
         if nf:
             qfc = qf[:, :, :, s:e].reshape(b, hk, g * c, d)
             logits.insert(0, torch.matmul(qfc, kf[:, :, :nf].transpose(-1, -2)))
-            masks.insert(0, (i[:, None] - k_pos[None, :nf]) >= w)
+            masks.insert(0, far_ok)
         lg = torch.cat(logits, dim=-1).view(b, hk, g, c, -1)
-        lg.mul_(scale).masked_fill_(~torch.cat(masks, dim=-1), float("-inf"))
+        lg.mul_(scale).masked_fill_(~torch.cat(masks, dim=-1), neg)
         p = torch.softmax(lg, dim=-1).view(b, hk, g * c, -1)
-        y = torch.matmul(p[..., nf:], vw[:, :, lo:i_hi])
+        y = torch.matmul(p[..., nf:], vw[:, :, lo:i1])
         if nf:
             y += torch.matmul(p[..., :nf], vw[:, :, :nf])
-        out[:, :, :, s:e] = y.view(b, hk, g, c, dv)
-    return out.view(b, h, lq, dv).to(q.dtype)
+        out[:, :, s:e] = y.view(b, h, c, dv)
+    return out.to(q.dtype)
 
 
 # ----------------------------------------------------------------------------- attention sinks
@@ -385,6 +434,20 @@ def _sink_core(q: Tensor, keys: Tensor, values: Tensor, rope: RotaryEmbedding, m
     kw = dict(layout=rope.layout, rotary_dim=rope.rotary_dim)
     qr = rope_rotate(q, cos[m:], sin[m:], **kw)
     kr = rope_rotate(keys, cos, sin, **kw)
+    op = _flash_op() if q.device.type == "cpu" and m and c > 1 else None
+    if op is not None:
+        # the cache (every key visible) and the chunk (causal square) on the fused kernel,
+        # combined exactly through their log-sum-exps; no mask
+        work = torch.promote_types(q.dtype, torch.float32)
+        g = q.shape[1] // keys.shape[1]
+        qw, kw_, vw = qr.to(work), kr.to(work), values.to(work)
+        if g > 1:
+            kw_, vw = kw_.repeat_interleave(g, dim=1), vw.repeat_interleave(g, dim=1)
+        y1, l1 = op(qw, kw_[:, :, :m], vw[:, :, :m], 0.0, False, scale=scale)
+        y2, l2 = op(qw, kw_[:, :, m:], vw[:, :, m:], 0.0, True, scale=scale)
+        total = torch.logaddexp(l1, l2)
+        y = y1 * torch.exp(l1 - total).unsqueeze(-1) + y2 * torch.exp(l2 - total).unsqueeze(-1)
+        return y.to(q.dtype)
     if m == 0:
         return F.scaled_dot_product_attention(qr, kr, values, is_causal=True, scale=scale, enable_gqa=True)
     if c == 1:  # one query sees every key

@@ -23,7 +23,7 @@ from companion.rope import RotaryEmbedding
 
 
 # Tolerance of float64 against the dense float64 formula. Logits are sums of d <= 16 products
-# of O(1) entries (|q|, |k| ~ 4), so each carries an error of a few d * U64 * |q||k| ~ 1e-13;
+# of O(1) entries (|q|, |k| ~ 4), so each carries an error of a few d * 2**-53 * |q||k| ~ 1e-13;
 # the softmax and the sum over <= 64 values add a few more roundings of O(1) numbers. 1e-11
 # is ~100x that, and ~1e5x below the smallest real difference between the methods below.
 TOL64 = 1e-11
@@ -126,13 +126,23 @@ def _no_grad():
         yield
 
 
+@pytest.fixture(params=["fused", "matmul"])
+def impl(request, monkeypatch):
+    """Both code paths: torch's fused CPU kernel with log-sum-exp merging, and explicit masked
+    matrix products (what runs where the kernel does not exist)."""
+    if request.param == "fused":
+        assert tf._flash_op() is not None, "this torch has no fused CPU attention with log-sum-exp"
+    monkeypatch.setattr(tf, "USE_FLASH", request.param == "fused")
+    return request.param
+
+
 # ----------------------------------------------------------------------------- two regions
 
 
 @pytest.mark.parametrize("rope_name", list(ROPES))
 @pytest.mark.parametrize("method", ["rerope", "leaky_rerope", "self_extend"])
 @pytest.mark.parametrize("w", [1, 5, 12])
-def test_two_region_against_the_dense_relative_formula(method, rope_name, w):
+def test_two_region_against_the_dense_relative_formula(method, rope_name, w, impl):
     rope = ROPES[rope_name]()
     q, k, v = _qkv()
     mode = _mode(method, w)
@@ -147,7 +157,7 @@ def test_two_region_against_the_dense_relative_formula(method, rope_name, w):
 
 
 @pytest.mark.parametrize("method", ["rerope", "leaky_rerope", "self_extend"])
-def test_two_region_queries_are_the_last_keys(method):
+def test_two_region_queries_are_the_last_keys(method, impl):
     rope = ROPES["half"]()
     q, k, v = _qkv(lq=9, lk=30)
     rel = rel_matrix(method, 9, 30, w=6, leak=2.5, group=4)
@@ -157,7 +167,7 @@ def test_two_region_queries_are_the_last_keys(method):
 
 
 @pytest.mark.parametrize("method", ["rerope", "leaky_rerope", "self_extend"])
-def test_two_region_chunk_size_invariance(method):
+def test_two_region_chunk_size_invariance(method, impl):
     rope = ROPES["interleaved"]()
     q, k, v = _qkv(lq=33, lk=33)
     mode = _mode(method, 8)
@@ -168,7 +178,7 @@ def test_two_region_chunk_size_invariance(method):
 
 @pytest.mark.parametrize("method", ["rerope", "leaky_rerope", "self_extend"])
 @pytest.mark.parametrize("rope_name", list(ROPES))
-def test_window_at_least_the_length_is_plain_rope(method, rope_name):
+def test_window_at_least_the_length_is_plain_rope(method, rope_name, impl):
     """With w >= L every pair is a neighbour: plain causal RoPE attention (the package's
     reference attention with the rope as its scheme)."""
     rope = ROPES[rope_name]()
@@ -207,7 +217,7 @@ def test_leaky_rerope_far_positions_are_fractional_and_continuous():
     assert set((fq - fk).tolist()) == {6, 7}
 
 
-def test_float32_inputs_against_float64():
+def test_float32_inputs_against_float64(impl):
     """float32 activations: float32 tables and matrix products, softmax in float32. Logits of
     16 terms with |q||k| ~ 16 carry errors ~ 16 * 16 * 2**-24 ~ 3e-4 (relative 1e-5 of the
     sum of |terms|); after softmax and the value sum the outputs (O(1)) differ from float64 by
@@ -358,7 +368,7 @@ def test_sinks_chunk_one_is_the_token_by_token_loop(n_sink, window, rerotate):
 
 @pytest.mark.parametrize("chunk", [2, 5, 7, 24])
 @pytest.mark.parametrize("rerotate", [True, False])
-def test_sinks_chunked_against_the_dense_definition(chunk, rerotate):
+def test_sinks_chunked_against_the_dense_definition(chunk, rerotate, impl):
     rope = ROPES["interleaved"]()
     q, k, v = _qkv(lq=24, lk=24)
     want = streaming_chunks(q, k, v, rope, 2, 6, chunk, rerotate)
@@ -382,7 +392,7 @@ def test_sinks_without_rerotation_see_true_distances():
 
 
 @pytest.mark.parametrize("chunk", [1, 4, 20])
-def test_sinks_with_a_window_at_least_the_length_are_plain(chunk):
+def test_sinks_with_a_window_at_least_the_length_are_plain(chunk, impl):
     rope = ROPES["half"]()
     q, k, v = _qkv(lq=20, lk=20)
     plain = attention(q, k, v, rope, causal=True)
