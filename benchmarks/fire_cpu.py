@@ -30,7 +30,8 @@ warm-up at the smallest length, so that the four lengths fit in about two minute
 dispatch hook costs a few percent (at ``L = 1024``, blockwise FIRE 2.76 s untracked against
 3.00 s tracked, the reference 1.04 s against 1.01 s, one wall-clock run each).
 ``--repeats N`` times ``N`` further untracked calls instead and reports their median. The
-1-minute load average before and after is printed. Nothing is written to disk.
+1-minute load average before and after is printed. ``--out FILE.json`` also stores the rows
+with provenance (:func:`companion.utils.save_result`), as chapter 11 reads them.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 from companion import ALiBi, attention, bias_attention  # noqa: E402
 from companion.dispatch import block_size_for  # noqa: E402
 from companion.learned_bias import FIRE  # noqa: E402
-from companion.utils import peak_tensor_bytes  # noqa: E402
+from companion.utils import peak_tensor_bytes, save_result  # noqa: E402
 
 HEADS, HEAD_DIM = 8, 64
 MIB = 2.0**20
@@ -83,6 +84,7 @@ def main() -> None:
                         help="untracked timed calls per variant (default 0: time the tracked call)")
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -108,6 +110,8 @@ def main() -> None:
     header = (f"{'L':>5} {'tile':>4} | {'ref cpu s':>9} {'MiB':>7} | {'blk cpu s':>9} {'MiB':>5} | "
               f"{'alibi cpu s':>11} {'MiB':>5} | {'blk/alibi':>9} {'ref/blk':>7} | "
               f"{'wall s ref/blk/alibi':>20} | {'max|ref-blk|':>12}")
+    records = []
+    load_before = os.getloadavg()[0]
     with torch.no_grad():
         # Warm-up: the allocator, first touch, and the tracker's own imports (about 1 s).
         for fn in runs(min(args.lengths))[1].values():
@@ -127,7 +131,16 @@ def main() -> None:
                   f"{cpu['blk']:>9.2f} {peaks['blk'] / MIB:>5.1f} | {cpu['alibi']:>11.2f} "
                   f"{peaks['alibi'] / MIB:>5.1f} | {cpu['blk'] / cpu['alibi']:>9.2f} "
                   f"{cpu['ref'] / cpu['blk']:>7.2f} | {wall:>20} | {diff:>12.1e}", flush=True)
+            records.append({"length": length, "block": bs, "cpu_seconds": cpu,
+                            "wall_seconds": {name: t[1] for name, t in secs.items()},
+                            "peak_bytes": peaks, "max_abs_ref_minus_blk": diff})
     print(f"load {os.getloadavg()[0]:.2f}")
+    if args.out:
+        save_result(args.out, {"heads": HEADS, "head_dim": HEAD_DIM, "hidden": fire.hidden,
+                               "threads": torch.get_num_threads(), "repeats": args.repeats,
+                               "load_before": load_before, "load_after": os.getloadavg()[0],
+                               "rows": records},
+                    command="python benchmarks/fire_cpu.py " + " ".join(sys.argv[1:]))
 
 
 if __name__ == "__main__":

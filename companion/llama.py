@@ -213,7 +213,7 @@ class Attention(nn.Module):
     """Grouped-query attention (``n_kv_heads`` key/value heads shared by ``n_heads`` query heads)
     with RoPE on q and k, no biases, as in Llama 2/3.
 
-    :attr:`mode` (``None``, or a :class:`~companion.trainfree.ReRoPE` /
+    ``mode`` (``None``, or a :class:`~companion.trainfree.ReRoPE` /
     :class:`~companion.trainfree.SelfExtend` installed by
     :meth:`LlamaModel.set_attention_mode`) replaces the prefill attention; a
     :class:`~companion.trainfree.SinkCache` as ``cache`` runs StreamingLLM attention."""

@@ -27,7 +27,7 @@ Methods (:data:`METHODS`) are named as in chapter 9's lab: ``none`` (plain RoPE)
 (linear), ``ntk`` (NTK-aware base change), ``dynamic`` (Dynamic NTK), ``yarn`` (with its
 attention factor) and ``llama3``, each at ``factor`` over the native context.
 
-The training-free methods of :mod:`companion.trainfree` (:data:`TRAINFREE_METHODS`) run on
+The training-free methods of :mod:`companion.trainfree` (:data:`~companion.trainfree.TRAINFREE_METHODS`) run on
 plain RoPE through the same ``ppl`` command, with the same windows, buckets, CSV fields and
 JSON sidecar: ``rerope``, ``leaky_rerope``, ``self_extend`` (one prefill pass each, with
 :meth:`~companion.llama.LlamaModel.attention_mode`) and ``sinks`` (the window read as a
@@ -130,7 +130,7 @@ def method_config(method: str, factor: float, original: int, base: float) -> dic
 
 
 def trainfree_config(method: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The parameters of a training-free ``method`` (one of :data:`TRAINFREE_METHODS`), as stored.
+    """The parameters of a training-free ``method`` (one of :data:`~companion.trainfree.TRAINFREE_METHODS`), as stored.
 
     ``params`` overrides :data:`TRAINFREE_DEFAULTS` (same keys). Returns ``{"method": ...}``
     plus ``window`` for ``rerope``; ``window``, ``leak`` for ``leaky_rerope``; ``window``,
@@ -254,7 +254,7 @@ def evaluate_window(
 
     Each method's config comes from :func:`method_config` with the model's native context
     and base, and is installed with ``model.set_rope_config``; plain RoPE is restored at the
-    end. A method of :data:`TRAINFREE_METHODS` runs on plain RoPE with
+    end. A method of :data:`~companion.trainfree.TRAINFREE_METHODS` runs on plain RoPE with
     :func:`trainfree_nll` and the parameters :func:`trainfree_config` ``(method, trainfree)``,
     which its rows store in the ``rope_config`` column. Returns rows with the keys of
     ``PPL_FIELDS``; ``seconds`` is the pass's wall time. ``progress`` (a callable taking a

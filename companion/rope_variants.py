@@ -253,7 +253,7 @@ class PRoPE(RotaryEmbedding):
                          max_cached_positions=max_cached_positions, device=device)
         #: the fraction of frequencies kept
         self.p = p
-        #: how many pairs rotate: ``int(p * head_dim // 2)``
+        #: the number of pairs that rotate, ``int(p * head_dim // 2)``
         self.rotating_pairs = proportional_rope_angles(head_dim, p)
         #: the RoPE base the kept frequencies come from
         self.p_base = base

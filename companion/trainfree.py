@@ -632,7 +632,7 @@ def lab_stream_nll(model: Any, idx: Tensor, n_sink: int = 4, window: int = 256, 
                    *, rerotate: bool = True) -> Tensor:
     """Per-token NLL ``(batch, seq - 1)`` (nats) of a lab TinyDecoder reading ``idx`` as a stream
     through a :class:`SinkCache`, ``chunk`` tokens at a time (as :func:`stream_nll`). The loss
-    is computed from float32 logits, as :func:`companion.lab.evaluate.bits_per_byte` does."""
+    is computed from float32 logits, as ``companion.lab.evaluate.bits_per_byte`` does."""
     model = _check_lab_model(model)
     n_sink, window, rerotate = _check_sink_args(n_sink, window, rerotate)
     chunk = check_positive_int(chunk, "chunk")
@@ -676,7 +676,7 @@ def lab_bits_per_byte(
     tokens_per_batch: int = 1 << 14,
     **params: Any,
 ) -> dict[int, dict[str, float]]:
-    """:func:`companion.lab.evaluate.bits_per_byte` with a training-free method: ``{W: {"all", "tail"}}``.
+    """``companion.lab.evaluate.bits_per_byte`` with a training-free method: ``{W: {"all", "tail"}}``.
 
     The same windows (``tokens // W`` windows of ``W + 1`` bytes spread evenly over ``data``),
     the same batching and the same figures (``"all"``: mean bits over every position,

@@ -37,6 +37,31 @@ def test_scheme_hooks_match_the_book_map():
     assert {cls.__name__: cls.hooks() for cls in companion.SCHEMES} == EXPECTED_HOOKS
 
 
+# How book/intro.md's map names each scheme class.
+INTRO_NAMES = {
+    "NoPE": "NoPE", "SinusoidalEmbedding": "sinusoidal", "ScaledSinusoidalEmbedding": "scaled sinusoidal",
+    "LearnedPositionalEmbedding": "learned", "ShawRelative": "Shaw et al.", "TransformerXL": "Transformer-XL",
+    "T5RelativeBias": "T5 buckets", "RotaryEmbedding": "RoPE and its context extension", "ALiBi": "ALiBi",
+    "XPos": "xPos", "PRoPE": "p-RoPE", "KerpleBias": "Kerple", "FIRE": "FIRE", "CoPE": "CoPE",
+}
+
+
+def test_intro_map_lists_every_scheme_under_its_hooks():
+    """The intro's table of hooks names, per hook, exactly the classes of companion.SCHEMES
+    that override it (NoPE, with no hook, on the row marked with a dash)."""
+    text = (ROOT / "book" / "intro.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and (cells[0].startswith("`") or cells[0] == "—"):
+            rows[cells[0].strip("`")] = {n.strip() for n in cells[2].split(",")}
+    assert set(INTRO_NAMES) == {cls.__name__ for cls in companion.SCHEMES}
+    expected = {hook: {INTRO_NAMES[c.__name__] for c in companion.SCHEMES if hook in c.hooks()}
+                for hook in companion.HOOKS}
+    expected["—"] = {INTRO_NAMES[c.__name__] for c in companion.SCHEMES if not c.hooks()}
+    assert rows == expected
+
+
 def test_import_does_not_pull_optional_parts():
     code = (
         "import sys, companion; "
