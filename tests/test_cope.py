@@ -252,7 +252,11 @@ def test_saturated_gates_reduce_to_a_relative_embedding():
     z = cope_score(q, k, table, pos, pos)[0, 0]
     for i in range(n):
         for j in range(i + 1):
-            assert torch.equal(z[i, j], q[0, 0, i] @ table[i - j + 1])
+            want = q[0, 0, i] @ table[i - j + 1]
+            # one d-term dot product, summed in another order by the batched matmul: a few
+            # float64 roundings of |q| . |e| (a bit-for-bit test failed with scalar kernels)
+            tol = 4 * d * EPS64 * float(q[0, 0, i].abs() @ table[i - j + 1].abs())
+            assert abs(float(z[i, j]) - float(want)) <= tol
 
 
 def test_interpolation_is_linear_between_rows():
