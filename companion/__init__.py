@@ -9,7 +9,10 @@ The main names are re-exported here; each family lives in its own module:
 :mod:`companion.absolute`, :mod:`companion.relative`, :mod:`companion.rope`,
 :mod:`companion.alibi`, and RoPE's context-extension methods in :mod:`companion.scaling`; the
 newer encodings of chapter 11 are in :mod:`companion.rope_variants` (xPos, p-RoPE),
-:mod:`companion.learned_bias` (Kerple, FIRE) and :mod:`companion.cope` (CoPE). Every attention path is in one of three modules:
+:mod:`companion.learned_bias` (Kerple, FIRE) and :mod:`companion.cope` (CoPE); positions on
+2-D and 3-D grids (2-D sin-cos, learned grids, axial and mixed 2-D RoPE, Qwen2-VL's M-RoPE)
+are in :mod:`companion.grid`, whose schemes are listed in :data:`GRID_SCHEMES`. Every
+attention path is in one of three modules:
 :mod:`companion.attention` (the protocol and the reference), :mod:`companion.blockwise`
 (memory-lean attention with a bias, one tile at a time) and :mod:`companion.dispatch`
 (:func:`~companion.dispatch.fast_attention`, which picks the fastest correct path for a
@@ -34,6 +37,21 @@ from .blockwise import bias_attention
 from .cope import CoPE
 from .dispatch import attention_path, fast_attention
 from .learned_bias import FIRE, KerpleBias
+from .grid import (
+    GRID_SCHEMES,
+    AxialRoPE,
+    LearnedGridEmbedding,
+    MixedRoPE,
+    MRoPE,
+    Sinusoidal2DEmbedding,
+    axial_rope_frequencies,
+    grid_positions,
+    grid_rope_angles,
+    mrope_axis_of_pair,
+    mrope_cos_sin,
+    qwen2vl_position_ids,
+    sinusoidal_2d_table,
+)
 from .model import MultiHeadAttention, TinyDecoder
 from .relative import (
     ShawRelative,
@@ -66,7 +84,8 @@ from .utils import load_result, peak_tensor_bytes, provenance, save_result, seed
 
 __version__ = "0.1.0"
 
-#: Every position-scheme class in the package, in the book's chapter order.
+#: Every position-scheme class for sequences (1-D positions), in the book's chapter order.
+#: The grid schemes, which take one coordinate per grid axis, are in :data:`GRID_SCHEMES`.
 SCHEMES: tuple[type[PositionScheme], ...] = (
     NoPE,
     SinusoidalEmbedding,
@@ -86,12 +105,17 @@ SCHEMES: tuple[type[PositionScheme], ...] = (
 
 __all__ = [
     "ALiBi",
+    "AxialRoPE",
     "CoPE",
     "FIRE",
+    "GRID_SCHEMES",
     "HOOKS",
     "KerpleBias",
     "LAYOUTS",
+    "LearnedGridEmbedding",
     "LearnedPositionalEmbedding",
+    "MRoPE",
+    "MixedRoPE",
     "MultiHeadAttention",
     "NoPE",
     "PRoPE",
@@ -101,6 +125,7 @@ __all__ = [
     "SCHEMES",
     "ScaledSinusoidalEmbedding",
     "ShawRelative",
+    "Sinusoidal2DEmbedding",
     "SinusoidalEmbedding",
     "T5RelativeBias",
     "TinyDecoder",
@@ -111,18 +136,24 @@ __all__ = [
     "apply_rope",
     "attention",
     "attention_path",
+    "axial_rope_frequencies",
     "bias_attention",
     "causal_mask",
     "compute_inv_freq",
     "convert_layout",
     "convert_qk_weight",
     "fast_attention",
+    "grid_positions",
+    "grid_rope_angles",
     "layout_permutation",
     "load_result",
+    "mrope_axis_of_pair",
+    "mrope_cos_sin",
     "parse_rope_config",
     "peak_tensor_bytes",
     "positions_from_mask",
     "provenance",
+    "qwen2vl_position_ids",
     "rel_shift",
     "relative_positions",
     "rope_cos_sin",
@@ -134,6 +165,7 @@ __all__ = [
     "seed_everything",
     "shaw_score",
     "shaw_values",
+    "sinusoidal_2d_table",
     "sinusoidal_encoding",
     "sinusoidal_frequencies",
     "sinusoidal_relative_table",

@@ -475,3 +475,42 @@ def restore_nonfinite(out: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
     out = torch.where(pos, float("inf"), out)
     out = torch.where(neg, float("-inf"), out)
     return torch.where(nan | (pos & neg), float("nan"), out)
+
+
+# --- grid positions (schemes with position_axes > 1) ---
+
+
+def as_grid_positions(
+    pos: object,
+    name: str,
+    length: int,
+    axes: int,
+    batch: int | None = None,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """Validate grid positions and return them as ``int64``.
+
+    Grid positions carry one integer per axis of the grid: shape ``(length, axes)`` (shared by
+    the batch) or ``(batch, length, axes)`` (per row). Anything else, a 1-D sequence of
+    positions included, raises ``ValueError`` naming ``name``; floating-point positions raise
+    ``TypeError`` (see :func:`check_int_tensor`).
+    """
+    if pos is None:
+        raise TypeError(f"{name} must be an integer tensor of grid positions, got None")
+    pos = check_int_tensor(pos, name, what="grid positions")
+    shapes = f"({length}, {axes})" + (f" or ({batch}, {length}, {axes})" if batch is not None else "")
+    if pos.dim() == 2:
+        ok = tuple(pos.shape) == (length, axes)
+    elif pos.dim() == 3 and batch is not None:
+        ok = tuple(pos.shape) == (batch, length, axes)
+    else:
+        ok = False
+    if not ok:
+        hint = ""
+        if pos.dim() in (1, 2) and tuple(pos.shape[:1]) in ((length,), (batch,)) and pos.shape[-1] != axes:
+            hint = (f"; this scheme takes {axes} coordinates per token (companion.grid_positions "
+                    f"builds them for a grid)")
+        raise ValueError(f"{name} must have shape {shapes}, got {tuple(pos.shape)}{hint}")
+    if device is not None and pos.device != device:
+        pos = pos.to(device)
+    return pos

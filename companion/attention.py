@@ -45,6 +45,7 @@ from ._checks import (
     restore_nonfinite,
     zero_nonfinite,
     broadcasts_to,
+    as_grid_positions,
     as_positions,
     check_bool,
     check_finite_number,
@@ -83,6 +84,23 @@ class PositionScheme(nn.Module):
     :meth:`check_heads` with the number of query heads before using the scheme, so a scheme
     built for the wrong number of heads raises ``ValueError`` instead of broadcasting.
     """
+
+    #: Coordinates per token: 1 for a sequence (positions ``(seq,)`` or ``(batch, seq)``);
+    #: ``A > 1`` for a scheme on a grid (:mod:`companion.grid`), whose positions are
+    #: ``(seq, A)`` or ``(batch, seq, A)``, one integer per axis.
+    position_axes: int = 1
+
+    def default_positions(self, length: int, start: int, device: torch.device) -> Tensor:
+        """The positions the attention functions use when none are given: ``arange(start,
+        start + length)`` for a sequence scheme. A grid scheme has no default grid, so it raises
+        ``ValueError`` (:class:`companion.grid.MRoPE` overrides it with text positions)."""
+        if self.position_axes == 1:
+            return torch.arange(start, start + length, device=device)
+        a = self.position_axes
+        raise ValueError(
+            f"{type(self).__name__} takes grid positions: pass q_pos and k_pos of shape (seq, {a}) "
+            f"or (batch, seq, {a}) (companion.grid_positions builds them for a grid)"
+        )
 
     def scheme_heads(self) -> int | None:
         """The number of heads the scheme was built for, or ``None`` if it fits any count."""
@@ -215,6 +233,11 @@ class _Prologue(NamedTuple):
     additive: Tensor | None
     #: the dtype the math runs in: float32 for float16/bfloat16 inputs, else the input's
     work: torch.dtype
+    #: the positions that order the tokens for the causal mask: ``q_pos``/``k_pos`` for a
+    #: sequence scheme; the sequence indices ``arange(q_start, q_start + q_len)`` /
+    #: ``arange(k_len)`` for a grid scheme, whose positions have no total order
+    q_order: Tensor | None = None
+    k_order: Tensor | None = None
 
     def operands(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``q, k, v`` in the work dtype, with every key/value head repeated
@@ -271,14 +294,26 @@ def _prologue(
         scheme.check_heads(h)
     causal = check_bool(causal, "causal")
     q_start = max(lk - lq, 0)
-    if q_pos is not None or materialize:
-        q_pos = as_positions(q_pos, "q_pos", lq, b, q.device, default_start=q_start)
-    if k_pos is not None or materialize:
-        k_pos = as_positions(k_pos, "k_pos", lk, b, q.device)
+    axes = 1 if scheme is None else scheme.position_axes
+    if axes == 1:
+        if q_pos is not None or materialize:
+            q_pos = as_positions(q_pos, "q_pos", lq, b, q.device, default_start=q_start)
+        if k_pos is not None or materialize:
+            k_pos = as_positions(k_pos, "k_pos", lk, b, q.device)
+        q_order, k_order = q_pos, k_pos
+    else:
+        assert scheme is not None
+        q_pos = (scheme.default_positions(lq, q_start, q.device) if q_pos is None
+                 else as_grid_positions(q_pos, "q_pos", lq, axes, b, q.device))
+        k_pos = (scheme.default_positions(lk, 0, q.device) if k_pos is None
+                 else as_grid_positions(k_pos, "k_pos", lk, axes, b, q.device))
+        q_order = torch.arange(q_start, q_start + lq, device=q.device)
+        k_order = torch.arange(lk, device=q.device)
     scale = 1.0 / math.sqrt(d) if scale is None else check_finite_number(scale, "scale")
     allowed, additive = normalize_mask(attn_mask, (b, h, lq, lk), device=q.device)
     work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    return _Prologue(b, h, lq, d, hk, lk, causal, scale, q_pos, k_pos, q_start, allowed, additive, work)
+    return _Prologue(b, h, lq, d, hk, lk, causal, scale, q_pos, k_pos, q_start, allowed, additive, work,
+                     q_order, k_order)
 
 
 def _as_scheme(scheme: object, name: str = "scheme") -> PositionScheme:
@@ -319,9 +354,13 @@ def attention(
             the last ``q_len`` of the key positions, ``arange(k_len - q_len, k_len)``, which
             is right for KV-cache decoding; ``arange(q_len)`` if ``q_len > k_len``.
         k_pos: integer key positions, ``(k_len,)`` or ``(batch, k_len)``. Default
-            ``arange(k_len)``.
+            ``arange(k_len)``. A grid scheme (``scheme.position_axes = A > 1``, see
+            :mod:`companion.grid`) takes ``(len, A)`` or ``(batch, len, A)`` grid positions
+            instead, defaulting to :meth:`PositionScheme.default_positions`.
         causal: mask keys whose position is later than the query's (by position, not
-            index). Must be a ``bool``.
+            index). Must be a ``bool``. For a grid scheme, whose positions have no order, the
+            mask is by sequence index, aligned at the end: query ``i`` sees key ``j`` iff
+            ``j <= i + k_len - q_len`` (as Qwen2-VL's causal mask over M-RoPE positions).
         attn_mask: optional mask broadcastable to ``(batch, heads, q_len, k_len)``: boolean
             (``True`` = attend), integer (HuggingFace's ``1`` = attend, ``0`` = masked; any
             other value raises ``ValueError``) or floating (added to the logits; ``-inf``
@@ -375,7 +414,7 @@ def attention(
     lowest = torch.finfo(work).min
     hidden = [m for m in (
         None if allowed is None else ~allowed,
-        None if not causal else ~_heads_view(causal_mask(q_pos, k_pos)),
+        None if not causal else ~_heads_view(causal_mask(pro.q_order, pro.k_order)),
     ) if m is not None]
     for term in (pos_bias, additive):
         if term is not None:

@@ -12,7 +12,7 @@ same function as the reference; :func:`attention_path` names the path it takes:
 path               when
 =================  =======================================================================
 ``"reference"``    ``return_weights=True``; a scheme with the ``score`` hook (Shaw,
-                   Transformer-XL); a NaN or infinite value in ``q``, ``k`` or ``v``; a
+                   Transformer-XL), or a grid scheme with a ``bias`` hook; a NaN or infinite value in ``q``, ``k`` or ``v``; a
                    floating ``attn_mask`` holding NaN or ``+inf``; an empty batch or
                    sequence
 ``"sdpa-causal"``  no ``bias`` hook (NoPE, the ``embed`` schemes, RoPE after ``rotate``),
@@ -165,8 +165,10 @@ def _choose(pro: _Prologue, scheme: PositionScheme, q: Tensor, k: Tensor, v: Ten
     add = pro.additive
     if add is not None and bool((torch.isnan(add) | torch.isposinf(add)).any()):
         return "reference"
-    assert pro.q_pos is not None and pro.k_pos is not None
-    per_row = pro.q_pos.dim() == 2 or pro.k_pos.dim() == 2
+    assert pro.q_order is not None and pro.k_order is not None
+    if scheme.position_axes > 1 and "bias" in hooks:
+        return "reference"  # the blockwise path tiles 1-D positions only
+    per_row = pro.q_order.dim() == 2 or pro.k_order.dim() == 2
     pairs = pro.q_len * pro.k_len
     if "bias" in hooks:
         if _mask_bytes(pro, per_row, with_bias=True) > SDPA_MASK_BYTES:
@@ -174,8 +176,8 @@ def _choose(pro: _Prologue, scheme: PositionScheme, q: Tensor, k: Tensor, v: Ten
         limit = SDPA_GRAD_BIAS_PAIRS if _bias_needs_grad(scheme) else SDPA_BIAS_PAIRS
         return "sdpa-bias" if pairs <= limit else "blockwise"
     if pro.causal and pro.allowed is None and add is None and not per_row:
-        start = contiguous_start(pro.q_pos)
-        if start is not None and start == contiguous_start(pro.k_pos):
+        start = contiguous_start(pro.q_order)
+        if start is not None and start == contiguous_start(pro.k_order):
             return "sdpa-causal"
     if _mask_bytes(pro, per_row, with_bias=False) > SDPA_MASK_BYTES:
         return "blockwise"
@@ -201,10 +203,10 @@ def _mask_bytes(pro: _Prologue, per_row: bool, with_bias: bool) -> int:
 
 def _visible(pro: _Prologue) -> Tensor | None:
     """Bool ``True`` = attend, 4-D, from the causal mask and a bool ``attn_mask``; or None."""
-    assert pro.q_pos is not None and pro.k_pos is not None
+    assert pro.q_order is not None and pro.k_order is not None
     vis = None
     if pro.causal:
-        c = causal_mask(pro.q_pos, pro.k_pos)
+        c = causal_mask(pro.q_order, pro.k_order)
         vis = _as4d(c if c.dim() == 2 else c.unsqueeze(1))
     if pro.allowed is not None:
         allowed = _as4d(pro.allowed)
@@ -301,8 +303,9 @@ def fast_attention(
         scheme: the position scheme; ``None`` means :class:`~companion.attention.NoPE`.
         q_pos, k_pos: integer positions, ``(len,)`` or ``(batch, len)``; defaults as in
             :func:`~companion.attention.attention` (keys ``arange(k_len)``, queries the last
-            ``q_len`` of them).
-        causal: mask keys whose position is later than the query's. A ``bool``.
+            ``q_len`` of them); ``(len, A)`` or ``(batch, len, A)`` for a grid scheme.
+        causal: mask keys whose position is later than the query's (by sequence index for
+            a grid scheme, as in :func:`~companion.attention.attention`). A ``bool``.
         attn_mask: bool (``True`` = attend), integer (1 = attend, 0 = masked) or floating
             (added to the logits) mask, broadcastable to ``(batch, heads, q_len, k_len)``.
         scale: logit scale, a finite number > 0; default ``1 / sqrt(head_dim)``.
@@ -333,8 +336,9 @@ def fast_attention(
     if path == "blockwise":
         bias_fn = scheme.bias if "bias" in scheme.hooks() else None
         block = block_size_for(pro.batch * pro.heads, max(pro.q_len, pro.k_len))
+        # a grid scheme has no bias here (see _choose): the tiles need only the causal order
         return bias_attention(q, k, v, bias_fn, causal=pro.causal, block_size=block, scale=pro.scale,
-                              q_pos=pro.q_pos, k_pos=pro.k_pos, attn_mask=attn_mask)
+                              q_pos=pro.q_order, k_pos=pro.k_order, attn_mask=attn_mask)
     qw, kw, vw = pro.operands(q, k, v)
     if path == "sdpa-causal":
         out = F.scaled_dot_product_attention(qw, kw, vw, is_causal=True, scale=pro.scale)

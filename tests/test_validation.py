@@ -516,8 +516,12 @@ def test_every_public_callable_is_covered():
         "sinusoidal_table", "t5_relative_position_bucket", "transformer_xl_score",
     }
     elsewhere = {  # tested in test_rope.py, test_scaling.py, test_model_utils.py, test_absolute.py, test_relative.py,
-        # and chapter 11's test_rope_variants.py, test_learned_bias.py, test_cope.py
+        # and chapter 11's test_rope_variants.py, test_learned_bias.py, test_cope.py, and
+        # chapter 12's test_grid.py
         "CoPE", "FIRE", "KerpleBias", "PRoPE", "XPos",
+        "GRID_SCHEMES", "AxialRoPE", "LearnedGridEmbedding", "MixedRoPE", "MRoPE", "Sinusoidal2DEmbedding",
+        "axial_rope_frequencies", "grid_positions", "grid_rope_angles", "mrope_axis_of_pair", "mrope_cos_sin",
+        "qwen2vl_position_ids", "sinusoidal_2d_table",
         "HOOKS", "LAYOUTS", "PositionScheme", "ROPE_TYPES", "RotaryEmbedding", "SCHEMES", "apply_rope",
         "compute_inv_freq", "parse_rope_config", "rope_parameters_from_legacy", "convert_layout",
         "convert_qk_weight", "layout_permutation", "peak_tensor_bytes", "positions_from_mask", "provenance",
