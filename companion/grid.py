@@ -531,19 +531,39 @@ def _check_section(mrope_section: object, pairs: int) -> tuple[int, int, int]:
     return sec  # type: ignore[return-value]
 
 
-def mrope_axis_of_pair(mrope_section: Sequence[int]) -> Tensor:
-    """The axis (0 = t, 1 = h, 2 = w) each pair turns with: ``s_t`` zeros, ``s_h`` ones,
-    ``s_w`` twos (int64, ``(sum(mrope_section),)``)."""
+def _axis_of_pair(sec: tuple[int, int, int], interleaved: bool, device: torch.device | None = None) -> Tensor:
+    pairs = sum(sec)
+    if not interleaved:
+        return torch.repeat_interleave(torch.arange(3, device=device), torch.tensor(sec, device=device))
+    if 3 * sec[1] > pairs or 3 * sec[2] > pairs:
+        raise ValueError(
+            f"interleaved mrope_section needs 3 * s_h and 3 * s_w <= {pairs} pairs (h takes every "
+            f"third pair from 1, w from 2), got {list(sec)}")
+    axis = torch.zeros(pairs, dtype=torch.long, device=device)
+    axis[1:3 * sec[1]:3] = 1
+    axis[2:3 * sec[2]:3] = 2
+    return axis
+
+
+def mrope_axis_of_pair(mrope_section: Sequence[int], interleaved: bool = False) -> Tensor:
+    """The axis (0 = t, 1 = h, 2 = w) each pair turns with, int64 ``(sum(mrope_section),)``.
+
+    Qwen2-VL's sections are consecutive: ``s_t`` zeros, ``s_h`` ones, ``s_w`` twos.
+    ``interleaved=True`` is Qwen3-VL's layout (``mrope_interleaved``): pairs ``1, 4, 7, ...``
+    (the first ``s_h`` of them) turn with ``h``, pairs ``2, 5, 8, ...`` (``s_w``) with ``w``,
+    and the rest with ``t``, so every axis gets fast and slow frequencies."""
     try:
         total = sum(int(s) for s in mrope_section)  # type: ignore[union-attr]
     except (TypeError, ValueError):
         total = -1
     sec = _check_section(mrope_section, total)
-    return torch.repeat_interleave(torch.arange(3), torch.tensor(sec))
+    if not isinstance(interleaved, bool):
+        raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
+    return _axis_of_pair(sec, interleaved)
 
 
 def mrope_cos_sin(positions: Tensor, inv_freq: Tensor, mrope_section: Sequence[int],
-                  attention_factor: float = 1.0) -> tuple[Tensor, Tensor]:
+                  attention_factor: float = 1.0, *, interleaved: bool = False) -> tuple[Tensor, Tensor]:
     """Compact M-RoPE tables: pair ``j`` turns by ``pos[axis(j)] * inv_freq[j]``.
 
     Qwen2-VL (Wang et al., :cite:`wang2024qwen2vl`) splits the ``P`` pairs of a head into
@@ -563,6 +583,8 @@ def mrope_cos_sin(positions: Tensor, inv_freq: Tensor, mrope_section: Sequence[i
             or a scaled set from :func:`companion.compute_inv_freq`).
         mrope_section: 3 non-negative ints summing to ``P``.
         attention_factor: multiplies both tables (1 for Qwen2-VL).
+        interleaved: Qwen3-VL's interleaved sections instead (:func:`mrope_axis_of_pair`),
+            HuggingFace's ``Qwen3VLTextRotaryEmbedding`` arithmetic.
 
     Returns:
         ``(cos, sin)``, ``(seq, P)`` or ``(batch, seq, P)``, in float32 (float64 for float64
@@ -579,7 +601,9 @@ def mrope_cos_sin(positions: Tensor, inv_freq: Tensor, mrope_section: Sequence[i
     work = torch.promote_types(inv_freq.dtype, torch.float32)
     if work == torch.float32 and pos.numel() and int(pos.abs().max()) >= _FP32_EXACT_INT:
         raise ValueError(f"positions must be < 2**24 for float32 tables, got {int(pos.abs().max())}")
-    axis = torch.repeat_interleave(torch.arange(3, device=pos.device), torch.tensor(sec, device=pos.device))
+    if not isinstance(interleaved, bool):
+        raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
+    axis = _axis_of_pair(sec, interleaved, pos.device)
     angle = pos.to(inv_freq.device)[..., axis].to(work) * inv_freq.to(work)
     cos, sin = angle.cos(), angle.sin()
     if attention_factor != 1.0:
@@ -605,18 +629,24 @@ class MRoPE(_GridRotary):
         rotary_dim: rotated dimensions (default ``head_dim``).
         inv_freq: precomputed ``(rotary_dim // 2,)`` inverse frequencies instead of ``base``.
         attention_factor: multiplies both tables.
+        interleaved: Qwen3-VL's interleaved sections (``mrope_interleaved``, sections such
+            as ``(24, 20, 20)``) instead of Qwen2-VL's consecutive ones.
     """
 
     position_axes = 3
 
     def __init__(self, head_dim: int, mrope_section: Sequence[int] = (16, 24, 24), base: float = 10000.0, *,
                  rotary_dim: int | None = None, inv_freq: Tensor | None = None,
-                 attention_factor: float = 1.0) -> None:
+                 attention_factor: float = 1.0, interleaved: bool = False) -> None:
         super().__init__()
         self.head_dim = check_positive_int(head_dim, "head_dim", minimum=2)
         self.rotary_dim = check_rotary_dim(rotary_dim, head_dim)
         self.layout = "half"
         self.mrope_section = _check_section(mrope_section, self.rotary_dim // 2)
+        if not isinstance(interleaved, bool):
+            raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
+        self.interleaved = interleaved
+        _axis_of_pair(self.mrope_section, interleaved)  # validates the interleaved sections
         self.attention_factor = check_finite_number(attention_factor, "attention_factor")
         if inv_freq is None:
             self.base: float | None = check_finite_number(base, "base")
@@ -639,7 +669,7 @@ class MRoPE(_GridRotary):
 
     def _table(self, pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         inv = self.inv_freq64 if dtype == torch.float64 else self.inv_freq
-        return mrope_cos_sin(pos, inv, self.mrope_section, self.attention_factor)
+        return mrope_cos_sin(pos, inv, self.mrope_section, self.attention_factor, interleaved=self.interleaved)
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         """Rotate ``q`` at ``q_pos`` and ``k`` at ``k_pos``, ``(seq, 3)`` or ``(batch, seq, 3)``
@@ -660,7 +690,8 @@ class MRoPE(_GridRotary):
 
     def extra_repr(self) -> str:
         freq = f"base={self.base:g}" if self.base is not None else "inv_freq=custom"
-        return f"mrope_section={list(self.mrope_section)}, {freq}, " + super().extra_repr()
+        inter = ", interleaved=True" if self.interleaved else ""
+        return f"mrope_section={list(self.mrope_section)}{inter}, {freq}, " + super().extra_repr()
 
 
 # ----------------------------------------------------------------------------- Qwen2-VL ids
