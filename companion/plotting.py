@@ -29,6 +29,11 @@ SCHEME_COLORS: dict[str, str] = {
     "cope": "#DDCC77",
     "rope-nope": "#E31A1C",
     "scaling": "#F0E442",
+    "sincos-2d": "#0072B2",
+    "learned-2d": "#56B4E9",
+    "axial": "#D55E00",
+    "mixed": "#6A3D9A",
+    "m-rope": "#B15928",
     "reference": "#000000",
 }
 
