@@ -359,8 +359,9 @@ def attention(
             instead, defaulting to :meth:`PositionScheme.default_positions`.
         causal: mask keys whose position is later than the query's (by position, not
             index). Must be a ``bool``. For a grid scheme, whose positions have no order, the
-            mask is by sequence index, aligned at the end: query ``i`` sees key ``j`` iff
-            ``j <= i + k_len - q_len`` (as Qwen2-VL's causal mask over M-RoPE positions).
+            mask is by sequence index, as for the default positions: query ``i`` sees key
+            ``j`` iff ``j <= i + max(k_len - q_len, 0)`` (as Qwen2-VL's causal mask over
+            M-RoPE positions).
         attn_mask: optional mask broadcastable to ``(batch, heads, q_len, k_len)``: boolean
             (``True`` = attend), integer (HuggingFace's ``1`` = attend, ``0`` = masked; any
             other value raises ``ValueError``) or floating (added to the logits; ``-inf``

@@ -318,9 +318,9 @@ def grid_rope_angles(positions: Tensor, freqs: Tensor) -> Tensor:
         freqs: ``(A, P)``, or ``(heads, A, P)`` for per-head frequencies.
 
     Returns:
-        ``(1, 1, seq, P)`` / ``(batch, 1, seq, P)`` for ``(A, P)`` frequencies,
-        ``(1 | batch, heads, seq, P)`` for per-head ones: ready to broadcast against
-        ``(batch, heads, seq, head_dim)`` activations.
+        ``positions.shape[:-1] + (P,)`` for ``(A, P)`` frequencies (``(seq, P)`` or
+        ``(batch, seq, P)``, as :func:`companion.rope.rope_cos_sin`); ``(heads, seq, P)`` or
+        ``(batch, heads, seq, P)`` for per-head ones.
     """
     pos = check_int_tensor(positions, "positions", dims=(2, 3), what="grid positions")
     check_tensor(freqs, "freqs")
@@ -343,7 +343,9 @@ def grid_rope_angles(positions: Tensor, freqs: Tensor) -> Tensor:
         term = p[:, None, :, a, None] * f[None, :, a, None, :]  # (b, heads, seq, P)
         angle = term if angle is None else angle + term
     assert angle is not None
-    return angle
+    if freqs.dim() == 2:
+        angle = angle.squeeze(1)
+    return angle if pos.dim() == 3 else angle.squeeze(0)
 
 
 class _GridRotary(PositionScheme):
@@ -358,7 +360,13 @@ class _GridRotary(PositionScheme):
         raise NotImplementedError
 
     def _table(self, pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos/sin shaped to broadcast against ``(batch, heads, seq, head_dim)``."""
         angle = self._angles(pos, dtype)
+        per_head = isinstance(self, MixedRoPE)
+        if not per_head:
+            angle = angle.unsqueeze(-3)                 # (seq, P) -> (1, seq, P); (b, 1, seq, P)
+        if angle.dim() == 3:
+            angle = angle.unsqueeze(0)
         return angle.cos(), angle.sin()
 
     def _check_qk(self, q: Tensor, k: Tensor) -> None:
@@ -438,22 +446,26 @@ class AxialRoPE(_GridRotary):
 class MixedRoPE(_GridRotary):
     """RoPE-Mixed: learned per-head frequencies that mix the two axes (``rotate`` hook).
 
-    Head ``h``, pair ``j`` turns by ``angle = y * F[h, 0, j] + x * F[h, 1, j]``: a direction
-    ``(F[h, 0, j], F[h, 1, j])`` in the plane and a speed, both learned. The dot product
+    Head ``h``, pair ``j`` turns by ``angle = p_0 F[h, 0, j] + p_1 F[h, 1, j]`` for the
+    position ``(p_0, p_1)``: a direction ``(F[h, 0, j], F[h, 1, j])`` in the plane and a
+    speed, both learned. The dot product
     still depends only on ``(dy, dx)``, but a pair can now respond to a diagonal offset,
     which axial RoPE cannot (Heo et al., :cite:`heo2024ropevit`). rope-vit learns one matrix
     per layer; give each layer its own scheme.
 
-    Initialisation (rope-vit's ``init_random_2d_freqs``, with our axis 0 its ``y`` and axis
-    1 its ``x``): magnitudes ``m_i = base ** (-4 i / rotary_dim)`` for ``i < P / 2``; per
-    head an angle ``phi ~ U[0, 2 pi)`` (0 when ``rotate_init=False``); the first ``P / 2``
-    pairs point along ``phi`` and the rest along ``phi + pi / 2``::
+    Initialisation (rope-vit's ``init_random_2d_freqs``, whose ``x`` is our axis 0 and ``y``
+    our axis 1, the same mapping as :class:`AxialRoPE`'s): magnitudes ``m_i = base ** (-4 i /
+    rotary_dim)`` for ``i < P / 2``; per head an angle ``phi ~ U[0, 2 pi)`` (0 when
+    ``rotate_init=False``); the first ``P / 2`` pairs point along ``phi`` and the rest along
+    ``phi + pi / 2``::
 
-        F[h, 1] = cat(m cos(phi), m cos(phi + pi/2))     (x)
-        F[h, 0] = cat(m sin(phi), m sin(phi + pi/2))     (y)
+        F[h, 0] = cat(m cos(phi), m cos(phi + pi/2))
+        F[h, 1] = cat(m sin(phi), m sin(phi + pi/2))
 
-    With ``phi = 0`` the first half turns with ``x`` and the second with ``y``: axial RoPE
-    up to ``cos(pi / 2) ~ 6e-17``.
+    With ``phi = 0`` the first half turns with axis 0 and the second with axis 1, which is
+    :class:`AxialRoPE`'s frequency matrix with the same base, up to the float32
+    ``cos(pi / 2) ~ -4e-8``. To reproduce rope-vit exactly, pass positions ``(x, y)`` =
+    ``grid_positions((H, W)).flip(-1)``, as for :class:`AxialRoPE`.
 
     Args:
         head_dim: per-head dimension of q and k.
@@ -489,7 +501,7 @@ class MixedRoPE(_GridRotary):
                    else torch.zeros(1))
             fx = torch.cat([mag * torch.cos(phi), mag * torch.cos(phi + math.pi / 2)])
             fy = torch.cat([mag * torch.sin(phi), mag * torch.sin(phi + math.pi / 2)])
-            rows.append(torch.stack([fy, fx]))
+            rows.append(torch.stack([fx, fy]))
         self.freqs = nn.Parameter(torch.stack(rows))  # (heads, 2, P)
 
     def scheme_heads(self) -> int:
@@ -748,7 +760,10 @@ def qwen2vl_position_ids(
         attention_mask: optional ``(batch, seq)`` 0/1 or bool; padded tokens are skipped and
             get position 0.
         video_time_interval: the temporal step per frame group: 1 in Qwen2-VL; Qwen2.5-VL uses
-            ``second_per_grid_t * tokens_per_second``. One number, or one per video.
+            ``tokens_per_second * second_per_grid_t``. One number (or 0-d tensor), or one per
+            video. The offsets ``floor(t * interval)`` are computed in float32 with the
+            interval rounded to float32, as HuggingFace computes them: pass its
+            ``tokens_per_second * second_per_grid_ts[i]`` to reproduce its ids exactly.
 
     Returns:
         ``(positions, deltas)``: int64 ``(batch, seq, 3)`` (``(seq, 3)`` for 1-D input) and
@@ -770,12 +785,20 @@ def qwen2vl_position_ids(
     merge = check_positive_int(spatial_merge_size, "spatial_merge_size")
     grids = {1: _grids(image_grid_thw, "image_grid_thw", merge), 2: _grids(video_grid_thw, "video_grid_thw", merge)}
     names = {1: "image_grid_thw", 2: "video_grid_thw"}
-    if isinstance(video_time_interval, (list, tuple)):
-        intervals = [check_finite_number(v, "video_time_interval", minimum=0.0) for v in video_time_interval]
+    def interval(v: object) -> Tensor:
+        if isinstance(v, Tensor):
+            if v.numel() != 1 or not (v.is_floating_point() or v.dtype in (torch.int32, torch.int64)):
+                raise TypeError(f"video_time_interval must be a number or a 0-d tensor, got {tuple(v.shape)} {v.dtype}")
+            v = v.item()
+        return torch.tensor(check_finite_number(v, "video_time_interval", minimum=0.0), dtype=torch.float32)
+
+    if isinstance(video_time_interval, (list, tuple)) or (
+            isinstance(video_time_interval, Tensor) and video_time_interval.dim() == 1):
+        intervals = [interval(v) for v in video_time_interval]
         if len(intervals) != len(grids[2]):
             raise ValueError(f"video_time_interval has {len(intervals)} entries for {len(grids[2])} videos")
     else:
-        intervals = [check_finite_number(video_time_interval, "video_time_interval", minimum=0.0)] * len(grids[2])
+        intervals = [interval(video_time_interval)] * len(grids[2])
     b, n = types.shape
     if attention_mask is None:
         keep = torch.ones(b, n, dtype=torch.bool)
@@ -814,14 +837,14 @@ def qwen2vl_position_ids(
                             f"{names[kind]} has {len(grids[kind])} grids but the tokens of type {kind} "
                             f"need more (row {row})")
                     t, hh, ww = grids[kind][used[kind]]
-                    iv = intervals[used[kind]] if kind == 2 else 1.0
+                    iv = intervals[used[kind]] if kind == 2 else torch.tensor(1.0)
                     used[kind] += 1
                     size = t * hh * ww
                     if size > left:
                         raise ValueError(
                             f"{names[kind]} grid {used[kind] - 1} needs {size} tokens (t*h*w/"
                             f"{merge}**2) but only {left} tokens of type {kind} remain in row {row}")
-                    tt = torch.floor(torch.arange(t, dtype=torch.float64) * iv).long()
+                    tt = (torch.arange(t) * iv).long()      # float32, as HuggingFace computes it
                     g = torch.stack(torch.meshgrid(tt, torch.arange(hh), torch.arange(ww), indexing="ij"), -1)
                     block = g.reshape(-1, 3) + p
                     pos_rows.append(block)

@@ -1287,3 +1287,60 @@ def test_reexported_from_companion():
                  "axial_rope_frequencies", "grid_rope_angles", "AxialRoPE", "MixedRoPE", "mrope_cos_sin",
                  "MRoPE", "qwen2vl_position_ids"):
         assert getattr(companion, name) is getattr(companion.grid, name)
+
+
+# ----------------------------------------------------------------------------- Qwen3-VL interleaved
+
+
+def qwen3vl_tables(position_ids: torch.Tensor, head_dim: int, section, base: float):
+    """HuggingFace's Qwen3-VL interleaved M-RoPE tables, transcribed op for op (float32):
+    the angles of all three coordinates, then the h and w columns ``offset::3`` (up to
+    ``3 * s``) copied over the t ones; full width ``cat(f, f)``. position_ids (3, B, S)."""
+    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    freqs = position_ids[..., None].float() * inv
+    out = []
+    for fn in (torch.cos, torch.sin):
+        f = fn(freqs)
+        thw = f[0].clone()
+        for dim, offset in ((1, 1), (2, 2)):
+            idx = slice(offset, section[dim] * 3, 3)
+            thw[..., idx] = f[dim, ..., idx]
+        out.append(torch.cat((thw, thw), dim=-1))
+    return out
+
+
+@pytest.mark.parametrize("head_dim, section", [(128, (24, 20, 20)), (64, (12, 10, 10))])
+def test_interleaved_mrope_equals_qwen3vl_arithmetic(head_dim, section):
+    g = torch.Generator().manual_seed(7)
+    pos = torch.randint(0, 3000, (2, 11, 3), generator=g)
+    cos_hf, sin_hf = qwen3vl_tables(pos.permute(2, 0, 1), head_dim, section, 5e5)
+    c, s = companion.mrope_cos_sin(pos, companion.rope_frequencies(head_dim, 5e5), section, interleaved=True)
+    assert torch.equal(torch.cat((c, c), -1), cos_hf) and torch.equal(torch.cat((s, s), -1), sin_hf)
+    q = torch.randn(2, 3, 11, head_dim, generator=g)
+    ours = companion.MRoPE(head_dim, section, 5e5, interleaved=True).rotate(q, q, pos, pos)[0]
+    half = torch.cat((-q[..., head_dim // 2:], q[..., : head_dim // 2]), dim=-1)
+    theirs = q * cos_hf.unsqueeze(1) + half * sin_hf.unsqueeze(1)
+    assert torch.equal(ours, theirs)
+    # and it is a different layout from Qwen2-VL's consecutive sections
+    assert not torch.equal(ours, companion.MRoPE(head_dim, section, 5e5).rotate(q, q, pos, pos)[0])
+
+
+def test_interleaved_axis_of_pair_and_text_positions():
+    axis = companion.mrope_axis_of_pair((24, 20, 20), interleaved=True)
+    assert axis[:6].tolist() == [0, 1, 2, 0, 1, 2] and axis[60:].tolist() == [0, 0, 0, 0]
+    assert [int((axis == a).sum()) for a in range(3)] == [24, 20, 20]
+    # text-only positions still give plain RoPE, bit for bit
+    q = torch.randn(1, 2, 9, 128, generator=torch.Generator().manual_seed(1))
+    text = torch.arange(9)
+    m = companion.MRoPE(128, (24, 20, 20), 5e5, interleaved=True).rotate(q, q, text[:, None].expand(9, 3), text[:, None].expand(9, 3))
+    r = companion.RotaryEmbedding(128, base=5e5).rotate(q, q, text, text)
+    assert torch.equal(m[0], r[0])
+
+
+def test_interleaved_mrope_validation():
+    with pytest.raises(ValueError, match="interleaved mrope_section needs 3 \\* s_h"):
+        companion.MRoPE(16, (0, 4, 4), interleaved=True)      # 3 * 4 > 8 pairs
+    with pytest.raises(TypeError, match="interleaved must be a bool"):
+        companion.MRoPE(16, (2, 3, 3), interleaved=1)
+    with pytest.raises(TypeError, match="interleaved must be a bool"):
+        companion.mrope_axis_of_pair((2, 3, 3), interleaved="yes")
