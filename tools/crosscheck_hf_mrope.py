@@ -50,10 +50,13 @@ Known differences (conventions, reported, not bugs of either side):
   condition above.
 * Qwen2.5-VL temporal offsets. HuggingFace computes ``(arange(T') * (tokens_per_second *
   second_per_grid_ts)).long()`` with the seconds in a float32 tensor (what the processor
-  returns), i.e. in float32; companion floors ``t * video_time_interval`` in float64. The two
-  floors differ when ``t * interval`` is (nearly) an integer, e.g. tokens_per_second 25 at 3 fps
-  (interval 50/3, t = 3: HF 50, companion 49). A row that still differs after the shift above is
-  re-checked with HF's temporal offsets replaced by the float64 floors.
+  returns), i.e. in float32; companion computes ``(arange(T') * video_time_interval).long()``
+  with the interval rounded to float32, the same arithmetic, so given HF's float32 interval it
+  agrees bit for bit. Given the interval as a Python float instead (``tps * 2 / fps``), the
+  float32 roundings of the interval can differ and so can the floors when ``t * interval`` is
+  (nearly) an integer, e.g. tokens_per_second 25 at 3 fps; :func:`temporal_offset_probe`
+  counts that case. (An earlier companion floored in float64; a row that still differs after
+  the shift above is re-checked with HF's temporal offsets replaced by float64 floors.)
 
 Exit status 1 on any other mismatch, and on known differences unless ``--allow-known``.
 """
@@ -557,8 +560,8 @@ def retime_example() -> None:
 def temporal_offset_probe() -> tuple[int, int, int, int, int]:
     """Qwen2.5-VL's temporal offsets, t = 0..63 of one (64, 1, 1) video, on a grid of
     tokens_per_second x fps. HF computes ``(arange(T) * (tokens_per_second * second_per_grid_ts)).long()``
-    with the seconds a float32 tensor, i.e. in float32; companion floors ``t * interval`` in float64.
-    companion is given the interval as the Python float ``tps * 2 / fps`` and, separately, as
+    with the seconds a float32 tensor, i.e. in float32; companion multiplies in float32 with the
+    interval rounded to float32. companion is given the interval as the Python float ``tps * 2 / fps`` and, separately, as
     HF's float32 interval. Returns (offsets, differ, differ given HF's float32 interval, HF != exact,
     companion != exact), exact = the rational floor of ``t * tps * 2 / fps``."""
     from fractions import Fraction
