@@ -1,0 +1,720 @@
+"""Resolution extrapolation on a 2-D grid: "where is the partner?"
+
+Each example is a ``G x G`` grid of tokens, read row-major as a ViT reads its patches (``G *
+G`` tokens, positions :func:`companion.grid_positions` ``((G, G))``). Every cell is empty
+(token 0) except one *marker* (1), one *target* (2) and ``n_distractors`` *distractors* (3).
+The target sits at an offset ``(dr, dc)`` from the marker with ``dr, dc`` uniform in ``[-K,
+K]``, not both 0, both cells inside the grid; the distractors fill other cells at random, so
+that attention must pick the target, not "anything that is not empty". For example, with
+``G = 5``, ``K = 2``, the marker ``M`` at (1, 1) and the target ``T`` at (3, 0)::
+
+    . . . . .
+    . M . D .        answer: (dr, dc) = (+2, -1)
+    . . . . .
+    T . . . D
+    . . . . .
+
+The model reads its output at the marker's token and predicts ``dr`` and ``dc`` with two
+``(2K + 1)``-way classifiers; an example is right when both are. Chance is ``1 / ((2K + 1)^2
+- 1)`` (the offsets are exactly uniform, see :func:`make_batch`), ``1/48`` for ``K = 3``.
+
+The experiment trains at ``G = 8`` and evaluates at ``G = 8, 12, 16, 24`` with the same
+offsets: a larger grid holds absolute positions never seen in training but only relative
+offsets that were. That is *resolution extrapolation* as Heo et al. :cite:`heo2024ropevit`
+measure it for ViTs (more patches of the same size). The schemes (:func:`build_scheme`):
+
+* ``"learned"``: :class:`~companion.grid.LearnedGridEmbedding` ``((8, 8), d_model)``; at a
+  test grid ``G != 8`` its table is resampled to ``(G, G)`` (bicubic,
+  :meth:`~companion.grid.LearnedGridEmbedding.resized`), what DeiT and MAE do, since it has
+  no rows beyond 8;
+* ``"sincos-2d"``: :class:`~companion.grid.Sinusoidal2DEmbedding` (MAE's table);
+* ``"axial"``: :class:`~companion.grid.AxialRoPE` ``(head_dim, 2, base=100)``, rope-vit's
+  axial frequencies;
+* ``"mixed"``: :class:`~companion.grid.MixedRoPE` ``(head_dim, n_heads, base=10)``, learned
+  frequencies, one scheme per layer as rope-vit does;
+* ``"nope"``: :class:`~companion.attention.NoPE`, the floor: a bidirectional encoder
+  without positions is permutation-equivariant and cannot tell one offset from another.
+
+The model is :class:`TinyGridEncoder`, a small bidirectional ViT-style encoder. The command
+line trains every scheme with several seeds and stores the accuracies per grid size, the
+loss curves and the times with provenance::
+
+    python -m companion.lab.grid_task --out chapters/data/12_grid.json
+
+:func:`reduced_run` is the notebook's version: one seed, fewer held-out examples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .._checks import check_finite_number, check_positive_int, check_tensor
+from ..attention import NoPE, PositionScheme
+from ..dispatch import fast_attention
+from ..grid import AxialRoPE, LearnedGridEmbedding, MixedRoPE, Sinusoidal2DEmbedding, grid_positions
+from ..utils import save_result
+
+__all__ = [
+    "EMPTY",
+    "MARKER",
+    "TARGET",
+    "DISTRACTOR",
+    "GRIDS",
+    "GridTask",
+    "GridBatch",
+    "make_batch",
+    "eval_batch",
+    "SCHEMES",
+    "build_scheme",
+    "TinyGridEncoder",
+    "TrainSettings",
+    "accuracy",
+    "train_and_eval",
+    "run_all",
+    "summarize",
+    "STEPS",
+    "PER_LAYER",
+    "REDUCED",
+    "reduced_run",
+    "main",
+]
+
+#: The tokens of a grid cell.
+EMPTY, MARKER, TARGET, DISTRACTOR = 0, 1, 2, 3
+
+#: The grid sizes the experiment evaluates (it trains at the first).
+GRIDS: tuple[int, ...] = (8, 12, 16, 24)
+
+#: Optimiser steps of a run (the chapter's recipe, with :class:`TrainSettings`' defaults).
+STEPS = 1000
+
+#: Seed of the held-out set of grid size ``G`` is ``EVAL_SEED + G``; training batches come
+#: from the run's own seed (a small int), so no held-out grid is drawn from a training stream.
+EVAL_SEED = 3_000_000
+
+
+@dataclass(frozen=True)
+class GridTask:
+    """The parameters of the "where is the partner?" task (see the module docstring).
+
+    Args:
+        grid: the side ``G`` of the square grid, ``>= max_offset + 1`` (so that every offset
+            fits).
+        max_offset: ``K >= 1``; ``dr, dc`` range over ``[-K, K]``.
+        n_distractors: distractor cells (``>= 0``), with ``2 + n_distractors <= G * G``.
+    """
+
+    grid: int = 8
+    max_offset: int = 3
+    n_distractors: int = 2
+
+    def __post_init__(self) -> None:
+        check_positive_int(self.grid, "grid")
+        check_positive_int(self.max_offset, "max_offset")
+        check_positive_int(self.n_distractors, "n_distractors", 0)
+        if self.grid < self.max_offset + 1:
+            raise ValueError(f"grid ({self.grid}) must be >= max_offset + 1 = {self.max_offset + 1}, "
+                             "so that every offset fits in the grid")
+        if 2 + self.n_distractors > self.grid * self.grid:
+            raise ValueError(f"n_distractors ({self.n_distractors}) must leave room in a "
+                             f"{self.grid} x {self.grid} grid: at most {self.grid * self.grid - 2}")
+
+    @property
+    def vocab_size(self) -> int:
+        """4: empty, marker, target, distractor."""
+        return 4
+
+    @property
+    def n_classes(self) -> int:
+        """``2K + 1``, the values of ``dr`` (and of ``dc``)."""
+        return 2 * self.max_offset + 1
+
+    @property
+    def seq_len(self) -> int:
+        """``G * G`` tokens."""
+        return self.grid * self.grid
+
+    @property
+    def chance(self) -> float:
+        """``1 / ((2K + 1)^2 - 1)``: the accuracy of a model that knows no offset."""
+        return 1.0 / (self.n_classes ** 2 - 1)
+
+    def at(self, grid: int) -> "GridTask":
+        """The same task on a ``grid x grid`` grid (same offsets, same distractors)."""
+        return replace(self, grid=grid)
+
+
+class GridBatch(NamedTuple):
+    """A batch of the task.
+
+    ``tokens`` ``(batch, G * G)`` int64, row-major; ``marker`` and ``target`` ``(batch, 2)``
+    their (row, column); ``offset`` ``(batch, 2)`` = ``target - marker`` = ``(dr, dc)``;
+    ``labels`` ``(batch, 2)`` = ``offset + K``, the class indices in ``[0, 2K]``;
+    ``marker_index`` ``(batch,)`` the marker's index in the sequence, ``row * G + col``.
+    """
+
+    tokens: Tensor
+    marker: Tensor
+    target: Tensor
+    offset: Tensor
+    labels: Tensor
+    marker_index: Tensor
+
+
+def _generator(generator: torch.Generator | int) -> torch.Generator:
+    if isinstance(generator, torch.Generator):
+        return generator
+    check_positive_int(generator, "generator", 0)
+    return torch.Generator().manual_seed(generator)
+
+
+def make_batch(batch_size: int, generator: torch.Generator | int, task: GridTask = GridTask()) -> GridBatch:
+    """Draw ``batch_size`` grids of ``task``.
+
+    The offset is drawn first, uniformly among the ``(2K + 1)^2 - 1`` nonzero ones; then the
+    marker uniformly among the cells from which that offset stays inside the grid (row in
+    ``[max(0, -dr), G - 1 - max(0, dr)]``, column likewise); then the distractors uniformly
+    among the other cells, all distinct. So the labels are exactly uniform, and chance is
+    :attr:`GridTask.chance`.
+
+    Args:
+        batch_size: grids (>= 1).
+        generator: a ``torch.Generator`` (advanced by the call) or an int seed (>= 0). The
+            same seed gives the same batch on every machine (torch's CPU generator is
+            portable).
+        task: the task parameters.
+
+    Returns:
+        A :class:`GridBatch`.
+    """
+    check_positive_int(batch_size, "batch_size")
+    if not isinstance(task, GridTask):
+        raise TypeError(f"task must be a GridTask, got {type(task).__name__}")
+    g = _generator(generator)
+    b, k, side, n = batch_size, task.max_offset, task.grid, task.seq_len
+    width = task.n_classes
+    centre = (width * width) // 2
+    pick = torch.randint(0, width * width - 1, (b,), generator=g)
+    pick = pick + (pick >= centre).long()  # skip the offset (0, 0)
+    offset = torch.stack([pick // width - k, pick % width - k], -1)
+    low = (-offset).clamp(min=0)
+    high = side - 1 - offset.clamp(min=0)  # inclusive
+    # uniform integers in [low, high]: float64 uniforms, floored, clamped (u < 1 always, the
+    # clamp only guards the product's rounding)
+    u = torch.rand((b, 2), generator=g, dtype=torch.float64)
+    marker = torch.minimum(low + (u * (high - low + 1).double()).floor().long(), high)
+    target = marker + offset
+    marker_index = marker[:, 0] * side + marker[:, 1]
+    target_index = target[:, 0] * side + target[:, 1]
+    tokens = torch.full((b, n), EMPTY, dtype=torch.int64)
+    rows = torch.arange(b)
+    tokens[rows, marker_index] = MARKER
+    tokens[rows, target_index] = TARGET
+    if task.n_distractors:
+        score = torch.rand((b, n), generator=g)
+        score[rows, marker_index] = 2.0  # uniforms are < 1: these two sort last
+        score[rows, target_index] = 2.0
+        cells = score.argsort(dim=-1, stable=True)[:, : task.n_distractors]
+        tokens[rows[:, None], cells] = DISTRACTOR
+    return GridBatch(tokens, marker, target, offset, offset + k, marker_index)
+
+
+def eval_batch(task: GridTask, size: int = 1000) -> GridBatch:
+    """The held-out set of ``task``'s grid size: :func:`make_batch` with seed
+    ``EVAL_SEED + task.grid``, the same for every scheme and run."""
+    if not isinstance(task, GridTask):
+        raise TypeError(f"task must be a GridTask, got {type(task).__name__}")
+    return make_batch(size, EVAL_SEED + task.grid, task)
+
+
+# ----------------------------------------------------------------------------- schemes
+
+
+def _learned(head_dim: int, n_heads: int, d_model: int, grid: int) -> PositionScheme:
+    return LearnedGridEmbedding((grid, grid), d_model)
+
+
+def _sincos(head_dim: int, n_heads: int, d_model: int, grid: int) -> PositionScheme:
+    return Sinusoidal2DEmbedding(d_model)
+
+
+def _axial(head_dim: int, n_heads: int, d_model: int, grid: int) -> PositionScheme:
+    return AxialRoPE(head_dim, 2, base=100.0)
+
+
+def _mixed(head_dim: int, n_heads: int, d_model: int, grid: int) -> PositionScheme:
+    return MixedRoPE(head_dim, n_heads, base=10.0)
+
+
+def _nope(head_dim: int, n_heads: int, d_model: int, grid: int) -> PositionScheme:
+    return NoPE()
+
+
+#: The schemes this task compares, ``name -> factory(head_dim, n_heads, d_model, grid)``.
+SCHEMES: dict[str, Callable[[int, int, int, int], PositionScheme]] = {
+    "learned": _learned,
+    "sincos-2d": _sincos,
+    "axial": _axial,
+    "mixed": _mixed,
+    "nope": _nope,
+}
+
+#: Schemes built once per layer (rope-vit learns each layer's mixed frequencies); the others
+#: are one instance shared by all layers.
+PER_LAYER: frozenset[str] = frozenset({"mixed"})
+
+
+def build_scheme(name: str, d_model: int = 64, n_heads: int = 4, grid: int = 8) -> PositionScheme:
+    """A fresh scheme by name (one of :data:`SCHEMES`), for a model of width ``d_model`` with
+    ``n_heads`` heads (head dim ``d_model // n_heads``) trained on ``grid x grid`` grids:
+    ``LearnedGridEmbedding((grid, grid), d_model)``, ``Sinusoidal2DEmbedding(d_model)``,
+    ``AxialRoPE(head_dim, 2, base=100.0)``, ``MixedRoPE(head_dim, n_heads, base=10.0)`` (its
+    random init angles come from torch's global generator) or ``NoPE()``."""
+    if not isinstance(name, str) or name not in SCHEMES:
+        raise ValueError(f"name must be one of {tuple(SCHEMES)}, got {name!r}")
+    check_positive_int(d_model, "d_model")
+    check_positive_int(n_heads, "n_heads")
+    check_positive_int(grid, "grid")
+    if d_model % n_heads:
+        raise ValueError(f"d_model ({d_model}) must be a multiple of n_heads ({n_heads})")
+    return SCHEMES[name](d_model // n_heads, n_heads, d_model, grid)
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def _axes(scheme: PositionScheme) -> int:
+    return int(getattr(scheme, "position_axes", 1))
+
+
+class _Block(nn.Module):
+    """A pre-LayerNorm encoder block: bidirectional attention with a scheme, then an MLP.
+
+    With ``query`` (``(batch,)`` token indices) only those tokens' outputs are computed,
+    ``(batch, 1, d_model)``: queries at those tokens attend to every token. Each output of a
+    bidirectional block depends only on its own query, so this is the full block's output at
+    those tokens (up to rounding), at a fraction of the cost; the last block uses it.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int) -> None:
+        super().__init__()
+        self.n_heads, self.head_dim = n_heads, d_model // n_heads
+        self.ln1 = nn.LayerNorm(d_model)
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        self.kv_proj = nn.Linear(d_model, 2 * d_model, bias=False)
+        self.proj = nn.Linear(d_model, d_model, bias=False)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
+
+    def forward(self, x: Tensor, scheme: PositionScheme, pos: Tensor, query: Tensor | None = None) -> Tensor:
+        b, n, d = x.shape
+        h = self.ln1(x)
+        k, v = self.kv_proj(h).view(b, n, 2, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if query is None:
+            q_pos = pos
+        else:
+            rows = torch.arange(b, device=x.device)
+            x, h = x[rows, query][:, None], h[rows, query][:, None]  # (batch, 1, d)
+            q_pos = pos[query][:, None]  # per-row positions, (batch, 1) or (batch, 1, 2)
+        m = x.shape[1]
+        q = self.q_proj(h).view(b, m, self.n_heads, self.head_dim).transpose(1, 2)
+        out = fast_attention(q, k, v, scheme, q_pos, pos)  # bidirectional: causal=False
+        x = x + self.proj(out.transpose(1, 2).reshape(b, m, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGridEncoder(nn.Module):
+    """A small bidirectional ViT-style encoder over a grid of tokens, with two offset heads.
+
+    Token embedding, the scheme's ``embed`` (:class:`~companion.grid.LearnedGridEmbedding`,
+    :class:`~companion.grid.Sinusoidal2DEmbedding`; the identity for the others), ``n_layers``
+    pre-LayerNorm blocks whose attention is
+    ``companion.fast_attention(q, k, v, scheme, pos, pos)`` (non-causal), a final LayerNorm,
+    and two linear heads read at the marker's token: the logits of ``dr`` and of ``dc``. Only
+    the marker's output is read, so the last block computes it alone (its query against every
+    key): the same function as the full block at that token, to rounding, at about half the
+    cost of a block.
+
+    Args:
+        scheme_factory: a callable with no arguments that returns a fresh
+            :class:`~companion.attention.PositionScheme`.
+        vocab: token ids (4 for :class:`GridTask`).
+        d_model, n_heads, n_layers: width, heads per layer, blocks.
+        mlp: the MLP's hidden width as a multiple of ``d_model``.
+        n_classes: outputs of each head (``2K + 1``).
+        per_layer: build one scheme per layer (``scheme_factory`` is called ``n_layers``
+            times) instead of one shared by all; ``None`` (default) means per layer exactly
+            when the scheme is a :class:`~companion.grid.MixedRoPE` (rope-vit learns each
+            layer's frequencies). The ``embed`` hook is applied once, with the first layer's
+            scheme.
+
+    Every ``nn.Linear`` and ``nn.Embedding`` is initialised ``N(0, 0.02)`` with zero biases,
+    as in :class:`companion.model.TinyDecoder`, from torch's global generator; a learned
+    table initialises itself (``N(0, 0.02)`` too) and mixed frequencies keep rope-vit's init.
+    Seed with ``torch.manual_seed`` before building. Float32.
+
+    ``forward(tokens, shape, marker_index)``: ``tokens`` ``(batch, H * W)`` int, row-major
+    on the grid ``shape = (H, W)``; ``marker_index`` ``(batch,)`` the token to read. Returns
+    logits ``(batch, 2, n_classes)`` (``[:, 0]`` for ``dr``, ``[:, 1]`` for ``dc``). Schemes
+    with ``position_axes == 2`` get :func:`~companion.grid.grid_positions` ``(shape)``; NoPE
+    gets the sequence index (it ignores it).
+    """
+
+    def __init__(self, scheme_factory: Callable[[], PositionScheme], vocab: int = 4, d_model: int = 64,
+                 n_heads: int = 4, n_layers: int = 2, mlp: int = 4, n_classes: int = 7,
+                 per_layer: bool | None = None) -> None:
+        super().__init__()
+        if isinstance(scheme_factory, PositionScheme) or not callable(scheme_factory):
+            raise TypeError(f"scheme_factory must be a callable returning a fresh PositionScheme "
+                            f"(e.g. lambda: AxialRoPE(16)), got {type(scheme_factory).__name__}")
+        for name, value in (("vocab", vocab), ("d_model", d_model), ("n_heads", n_heads),
+                            ("n_layers", n_layers), ("mlp", mlp), ("n_classes", n_classes)):
+            check_positive_int(value, name)
+        if d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be a multiple of n_heads ({n_heads})")
+        if per_layer is not None and not isinstance(per_layer, bool):
+            raise TypeError(f"per_layer must be a bool or None, got {type(per_layer).__name__}")
+        first = self._checked(scheme_factory(), n_heads)
+        if per_layer is None:
+            per_layer = isinstance(first, MixedRoPE)
+        self.per_layer = per_layer
+        built = [first] + [self._checked(scheme_factory(), n_heads) for _ in range(n_layers - 1)] if per_layer else [first]
+        self.schemes = nn.ModuleList(built)
+        self.tok = nn.Embedding(vocab, d_model)
+        self.blocks = nn.ModuleList(_Block(d_model, n_heads, mlp * d_model) for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.heads = nn.Linear(d_model, 2 * n_classes)
+        self.n_classes = n_classes
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+
+    @staticmethod
+    def _checked(scheme: object, n_heads: int) -> PositionScheme:
+        if not isinstance(scheme, PositionScheme):
+            raise TypeError(f"scheme_factory must return a PositionScheme, got {type(scheme).__name__}")
+        if _axes(scheme) not in (1, 2):
+            raise ValueError(f"the scheme must take 1-D or 2-D positions, got position_axes = {_axes(scheme)}")
+        scheme.check_heads(n_heads)
+        return scheme
+
+    def scheme_for(self, layer: int) -> PositionScheme:
+        """The scheme of block ``layer``."""
+        return self.schemes[layer if self.per_layer else 0]
+
+    def for_grid(self, shape: tuple[int, int]) -> "TinyGridEncoder":
+        """The model to evaluate on ``shape`` grids: ``self`` if no learned table needs
+        resizing, else a copy whose :class:`~companion.grid.LearnedGridEmbedding` tables are
+        resampled to ``shape`` (:meth:`~companion.grid.LearnedGridEmbedding.resized`)."""
+        shape = _check_shape(shape)
+        resize = [isinstance(s, LearnedGridEmbedding) and tuple(s.table.shape[:-1]) != shape for s in self.schemes]
+        if not any(resize):
+            return self
+        clone = copy.deepcopy(self)
+        clone.schemes = nn.ModuleList(s.resized(shape) if r else s for s, r in zip(clone.schemes, resize))
+        return clone
+
+    def forward(self, tokens: Tensor, shape: tuple[int, int], marker_index: Tensor) -> Tensor:
+        check_tensor(tokens, "tokens", 2)
+        shape = _check_shape(shape)
+        b, n = tokens.shape
+        if n != shape[0] * shape[1]:
+            raise ValueError(f"tokens must hold shape[0] * shape[1] = {shape[0] * shape[1]} tokens per row "
+                             f"for a {shape} grid, got {n}")
+        check_tensor(marker_index, "marker_index", 1)
+        if marker_index.shape[0] != b:
+            raise ValueError(f"marker_index must have shape ({b},), got {tuple(marker_index.shape)}")
+        if marker_index.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"marker_index must hold integer token indices, got dtype {marker_index.dtype}")
+        if b and (int(marker_index.min()) < 0 or int(marker_index.max()) >= n):
+            raise IndexError(f"marker_index must lie in [0, {n}), got [{int(marker_index.min())}, "
+                             f"{int(marker_index.max())}]")
+        if tokens.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"tokens must hold integer token ids, got dtype {tokens.dtype}")
+        vocab = self.tok.num_embeddings
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+            raise IndexError(f"tokens must lie in [0, {vocab}), got [{int(tokens.min())}, {int(tokens.max())}]")
+        grid_pos = grid_positions(shape, device=tokens.device)
+        seq_pos = torch.arange(n, device=tokens.device)
+        first = self.schemes[0]
+        x = first.embed(self.tok(tokens), grid_pos if _axes(first) == 2 else seq_pos)
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            scheme = self.scheme_for(i)
+            # the last block computes the marker's output only (see _Block)
+            x = block(x, scheme, grid_pos if _axes(scheme) == 2 else seq_pos, marker_index if i == last else None)
+        return self.heads(self.ln_f(x[:, 0])).view(b, 2, self.n_classes)
+
+
+def _check_shape(shape: object) -> tuple[int, int]:
+    if not isinstance(shape, (tuple, list)) or len(shape) != 2:
+        raise ValueError(f"shape must be a (rows, columns) pair of ints, got {shape!r}")
+    return (check_positive_int(shape[0], "shape"), check_positive_int(shape[1], "shape"))
+
+
+# ----------------------------------------------------------------------------- training
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The model and optimiser of :func:`train_and_eval` (defaults: the chapter's recipe).
+
+    A :class:`TinyGridEncoder` of width ``d_model``, ``n_heads`` heads, ``n_layers`` blocks,
+    MLP ``mlp * d_model``; AdamW (no weight decay) at a peak learning rate ``lr`` with
+    ``warmup`` linear steps and cosine decay to 0; ``batch_size`` fresh grids per step; the
+    loss is the sum of the two heads' cross-entropies; the gradient norm is clipped at
+    ``grad_clip`` (0: no clipping).
+
+    Args:
+        eval_size: held-out grids per grid size.
+        log_every: the loss curve holds the mean training loss of every ``log_every`` steps.
+    """
+
+    d_model: int = 64
+    n_heads: int = 4
+    n_layers: int = 2
+    mlp: int = 4
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup: int = 100
+    grad_clip: float = 1.0
+    eval_size: int = 1000
+    log_every: int = 50
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads", "n_layers", "mlp", "batch_size", "eval_size", "log_every"):
+            check_positive_int(getattr(self, name), name)
+        check_positive_int(self.warmup, "warmup", 0)
+        check_finite_number(self.lr, "lr")
+        check_finite_number(self.grad_clip, "grad_clip", minimum=0)
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})")
+
+
+def accuracy(model: TinyGridEncoder, batch: GridBatch, side: int, chunk: int = 250) -> dict[str, float]:
+    """The fraction of ``batch`` (grids of side ``side``) whose offset the model gets right:
+    ``{"both": both heads right, "dr": the row head right, "dc": the column head right}``.
+    Runs without gradients in chunks of ``chunk`` grids; uses :meth:`TinyGridEncoder.for_grid`."""
+    if not isinstance(batch, GridBatch):
+        raise TypeError(f"batch must be a GridBatch, got {type(batch).__name__}")
+    check_positive_int(side, "side")
+    check_positive_int(chunk, "chunk")
+    if batch.tokens.shape[1] != side * side:
+        raise ValueError(f"batch holds {batch.tokens.shape[1]} tokens per grid, not side * side = {side * side}")
+    net = model.for_grid((side, side))
+    was_training = net.training
+    net.eval()
+    right = []
+    with torch.no_grad():
+        for start in range(0, batch.tokens.shape[0], chunk):
+            sl = slice(start, start + chunk)
+            pred = net(batch.tokens[sl], (side, side), batch.marker_index[sl]).argmax(-1)
+            right.append(pred == batch.labels[sl])
+    model.train(was_training)
+    hit = torch.cat(right)
+    both = hit.all(-1).double()
+    hit = hit.double()
+    return {"both": float(both.mean()), "dr": float(hit[:, 0].mean()), "dc": float(hit[:, 1].mean())}
+
+
+def _build_model(scheme_name: str, task: GridTask, s: TrainSettings) -> TinyGridEncoder:
+    return TinyGridEncoder(lambda: build_scheme(scheme_name, s.d_model, s.n_heads, task.grid),
+                           vocab=task.vocab_size, d_model=s.d_model, n_heads=s.n_heads, n_layers=s.n_layers,
+                           mlp=s.mlp, n_classes=task.n_classes, per_layer=scheme_name in PER_LAYER)
+
+
+def _check_grids(grids: object) -> tuple[int, ...]:
+    if isinstance(grids, (str, bytes)) or not isinstance(grids, Sequence) or not grids:
+        raise TypeError(f"grids must be a non-empty sequence of ints, got {grids!r}")
+    return tuple(check_positive_int(g, "grids") for g in grids)
+
+
+def train_and_eval(scheme_name: str, seed: int, steps: int = STEPS, *, task: GridTask = GridTask(),
+                   grids: Sequence[int] = GRIDS, settings: TrainSettings = TrainSettings(),
+                   return_model: bool = False) -> dict[str, Any] | tuple[dict[str, Any], TinyGridEncoder]:
+    """Train one scheme on ``task`` (its grid size) and measure held-out accuracy on each of
+    ``grids``.
+
+    The model's initial weights come from ``torch.manual_seed(seed)`` (this sets torch's
+    global seed), the training batches from a generator seeded with ``seed``, the held-out
+    sets from :func:`eval_batch` (``settings.eval_size`` grids each), so all schemes and
+    seeds are scored on the same grids. Deterministic for a given machine, thread count and
+    numeric configuration.
+
+    Args:
+        scheme_name: one of :data:`SCHEMES`.
+        seed: an int >= 0.
+        steps: optimiser steps (>= 1).
+        task: the training task.
+        grids: the grid sides to evaluate (each must be ``>= task.max_offset + 1``).
+        settings: model and optimiser (:class:`TrainSettings`).
+        return_model: also return the trained model.
+
+    Returns:
+        A dict: ``scheme``, ``seed``, ``steps``, ``train_seconds`` and ``eval_seconds`` (wall
+        clock, machine dependent), ``loss_curve`` (``{"step": [...], "loss": [...]}``, the
+        mean loss of each ``log_every`` steps, ``step`` the last step of the window, from 1),
+        ``final_loss`` (mean of the last ``log_every`` steps), ``accuracy`` (``{str(G):
+        accuracy(...)["both"]}``), ``axis_accuracy`` (``{str(G): {"dr": ..., "dc": ...}}``),
+        ``chance``, and the ``task`` and ``settings`` as dicts.
+    """
+    if not isinstance(scheme_name, str) or scheme_name not in SCHEMES:
+        raise ValueError(f"scheme_name must be one of {tuple(SCHEMES)}, got {scheme_name!r}")
+    check_positive_int(seed, "seed", 0)
+    check_positive_int(steps, "steps")
+    if not isinstance(task, GridTask):
+        raise TypeError(f"task must be a GridTask, got {type(task).__name__}")
+    if not isinstance(settings, TrainSettings):
+        raise TypeError(f"settings must be a TrainSettings, got {type(settings).__name__}")
+    grids = _check_grids(grids)
+    tests = {g: task.at(g) for g in grids}  # GridTask validates each size
+    s = settings
+    torch.manual_seed(seed)
+    model = _build_model(scheme_name, task, s)
+    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(seed)
+    shape = (task.grid, task.grid)
+    losses: list[float] = []
+    curve: dict[str, list] = {"step": [], "loss": []}
+    start = time.perf_counter()
+    for step in range(steps):
+        lr = s.lr * min(1.0, (step + 1) / max(s.warmup, 1)) * 0.5 * (1 + math.cos(math.pi * step / steps))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        batch = make_batch(s.batch_size, gen, task)
+        logits = model(batch.tokens, shape, batch.marker_index)
+        loss = F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten()) * 2  # sum of the two heads
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if s.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+        opt.step()
+        losses.append(float(loss.detach()))
+        if (step + 1) % s.log_every == 0 or step + 1 == steps:
+            window = losses[-((step % s.log_every) + 1):]
+            curve["step"].append(step + 1)
+            curve["loss"].append(sum(window) / len(window))
+    train_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    acc, axis = {}, {}
+    for g, t in tests.items():
+        res = accuracy(model, eval_batch(t, s.eval_size), g)
+        acc[str(g)] = res["both"]
+        axis[str(g)] = {"dr": res["dr"], "dc": res["dc"]}
+    eval_seconds = time.perf_counter() - start
+    tail = losses[-s.log_every:]
+    result = {
+        "scheme": scheme_name,
+        "seed": seed,
+        "steps": steps,
+        "train_seconds": train_seconds,
+        "eval_seconds": eval_seconds,
+        "loss_curve": curve,
+        "final_loss": sum(tail) / len(tail),
+        "accuracy": acc,
+        "axis_accuracy": axis,
+        "chance": task.chance,
+        "task": asdict(task),
+        "settings": asdict(s),
+    }
+    return (result, model) if return_model else result
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def run_all(schemes: Sequence[str], seeds: Sequence[int], steps: int = STEPS, *, task: GridTask = GridTask(),
+            grids: Sequence[int] = GRIDS, settings: TrainSettings = TrainSettings(),
+            log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """:func:`train_and_eval` for every scheme and seed, in that order."""
+    runs = []
+    for name in schemes:
+        for seed in seeds:
+            res = train_and_eval(name, seed, steps, task=task, grids=grids, settings=settings)
+            runs.append(res)
+            if log is not None:
+                accs = ", ".join(f"G={g}: {a:.3f}" for g, a in res["accuracy"].items())
+                log(f"{name} seed {seed}: {accs} ({res['train_seconds']:.1f} s + {res['eval_seconds']:.1f} s)")
+    return runs
+
+
+def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per scheme (in first-seen order) and grid size, the mean, minimum and maximum accuracy
+    over its runs: ``{scheme: {"seeds": n, "by_grid": {str(G): {"mean", "min", "max"}}}}``."""
+    out: dict[str, Any] = {}
+    for name in dict.fromkeys(r["scheme"] for r in runs):
+        mine = [r for r in runs if r["scheme"] == name]
+        by_grid = {}
+        for g in mine[0]["accuracy"]:
+            vals = [r["accuracy"][g] for r in mine]
+            by_grid[g] = {"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals)}
+        out[name] = {"seeds": len(mine), "by_grid": by_grid}
+    return out
+
+
+#: The notebook's reduced run: seed 0 of every scheme, :data:`STEPS` cut to 400 and 300
+#: held-out grids per size, with :class:`TrainSettings`' defaults otherwise (about 10 s per
+#: scheme on 2 CPU threads). The command line stores it too (``data["reduced"]``), so that the
+#: notebook compares its rerun with the stored reduced run, and the stored reduced run with
+#: the full one. Fewer steps leave the slower schemes short of their plateau at ``G = 8``.
+REDUCED: dict[str, Any] = {"seeds": (0,), "steps": 400, "eval_size": 300}
+
+
+def reduced_run(schemes: Sequence[str] = tuple(SCHEMES), *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """:func:`run_all` with :data:`REDUCED` for ``schemes`` on :data:`GRIDS`; returns
+    ``{"seeds", "steps", "eval_size", "runs", "summary": summarize(runs)}``."""
+    settings = replace(TrainSettings(), eval_size=REDUCED["eval_size"])
+    runs = run_all(schemes, REDUCED["seeds"], REDUCED["steps"], settings=settings, log=log)
+    return {"seeds": list(REDUCED["seeds"]), "steps": REDUCED["steps"], "eval_size": REDUCED["eval_size"],
+            "runs": runs, "summary": summarize(runs)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m companion.lab.grid_task --out FILE [--schemes ...] [--seeds ...] [--steps N]
+    [--grids G ...] [--eval-size N] [--threads T] [--skip-reduced]``: run :func:`run_all`,
+    then :func:`reduced_run` (unless ``--skip-reduced``), and store the runs, their
+    :func:`summarize` and the reduced run with :func:`companion.utils.save_result`."""
+    p = argparse.ArgumentParser(prog="python -m companion.lab.grid_task", description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="result JSON path")
+    p.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=list(SCHEMES))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=STEPS)
+    p.add_argument("--grids", nargs="+", type=int, default=list(GRIDS))
+    p.add_argument("--eval-size", type=int, default=TrainSettings().eval_size)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--skip-reduced", action="store_true", help="do not run and store the notebook's reduced run")
+    ns = p.parse_args(argv)
+    torch.set_num_threads(check_positive_int(ns.threads, "threads"))
+    settings = replace(TrainSettings(), eval_size=check_positive_int(ns.eval_size, "eval_size"))
+    argv_list = sys.argv[1:] if argv is None else list(argv)
+    start = time.perf_counter()
+    runs = run_all(ns.schemes, ns.seeds, ns.steps, grids=ns.grids, settings=settings,
+                   log=lambda line: print(line, flush=True))
+    data = {"task": asdict(GridTask()), "grids": list(ns.grids), "settings": asdict(settings),
+            "steps": ns.steps, "threads": ns.threads, "total_seconds": time.perf_counter() - start,
+            "summary": summarize(runs), "runs": runs}
+    if not ns.skip_reduced:
+        start = time.perf_counter()
+        data["reduced"] = reduced_run(ns.schemes, log=lambda line: print("reduced: " + line, flush=True))
+        data["reduced"]["total_seconds"] = time.perf_counter() - start
+    command = "python -m companion.lab.grid_task " + " ".join(shlex.quote(a) for a in argv_list)
+    print(save_result(ns.out, data, command=command))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
