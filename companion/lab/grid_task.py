@@ -318,7 +318,8 @@ class _Block(nn.Module):
         self.ln2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
 
-    def forward(self, x: Tensor, scheme: PositionScheme, pos: Tensor, query: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, scheme: PositionScheme, pos: Tensor, query: Tensor | None = None,
+                window: int | None = None) -> Tensor:
         b, n, d = x.shape
         h = self.ln1(x)
         k, v = self.kv_proj(h).view(b, n, 2, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
@@ -330,7 +331,11 @@ class _Block(nn.Module):
             q_pos = pos[query][:, None]  # per-row positions, (batch, 1) or (batch, 1, 2)
         m = x.shape[1]
         q = self.q_proj(h).view(b, m, self.n_heads, self.head_dim).transpose(1, 2)
-        out = fast_attention(q, k, v, scheme, q_pos, pos)  # bidirectional: causal=False
+        mask = None
+        if window is not None:  # keys within Chebyshev distance `window` of the query (2-D pos)
+            near = (q_pos.unsqueeze(-2) - pos.unsqueeze(-3)).abs().amax(-1) <= window
+            mask = near if near.dim() == 2 else near.unsqueeze(1)  # (q, k) or (batch, 1, 1, k)
+        out = fast_attention(q, k, v, scheme, q_pos, pos, attn_mask=mask)  # bidirectional
         x = x + self.proj(out.transpose(1, 2).reshape(b, m, d))
         return x + self.mlp(self.ln2(x))
 
@@ -428,8 +433,20 @@ class TinyGridEncoder(nn.Module):
         clone.schemes = nn.ModuleList(s.resized(shape) if r else s for s, r in zip(clone.schemes, resize))
         return clone
 
-    def forward(self, tokens: Tensor, shape: tuple[int, int], marker_index: Tensor) -> Tensor:
+    def forward(self, tokens: Tensor, shape: tuple[int, int], marker_index: Tensor, *,
+                offset: int = 0, window: int | None = None) -> Tensor:
+        """Logits ``(batch, 2, n_classes)``; see the class docstring.
+
+        Two diagnostics: ``offset`` adds ``(offset, offset)`` to every grid position (the grid
+        is then the far corner of a larger frame: the same relative offsets at absolute
+        positions never seen in training; a learned table must cover the frame, see
+        :meth:`for_grid`), and ``window`` lets each query attend only keys within Chebyshev
+        distance ``window`` (every other key masked), for 2-D schemes.
+        """
         check_tensor(tokens, "tokens", 2)
+        check_positive_int(offset, "offset", 0)
+        if window is not None:
+            check_positive_int(window, "window", 0)
         shape = _check_shape(shape)
         b, n = tokens.shape
         if n != shape[0] * shape[1]:
@@ -448,15 +465,18 @@ class TinyGridEncoder(nn.Module):
         vocab = self.tok.num_embeddings
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
             raise IndexError(f"tokens must lie in [0, {vocab}), got [{int(tokens.min())}, {int(tokens.max())}]")
-        grid_pos = grid_positions(shape, device=tokens.device)
+        grid_pos = grid_positions(shape, device=tokens.device) + offset
         seq_pos = torch.arange(n, device=tokens.device)
         first = self.schemes[0]
+        if window is not None and _axes(first) != 2:
+            raise ValueError("window needs a scheme with 2-D positions")
         x = first.embed(self.tok(tokens), grid_pos if _axes(first) == 2 else seq_pos)
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
             scheme = self.scheme_for(i)
             # the last block computes the marker's output only (see _Block)
-            x = block(x, scheme, grid_pos if _axes(scheme) == 2 else seq_pos, marker_index if i == last else None)
+            x = block(x, scheme, grid_pos if _axes(scheme) == 2 else seq_pos, marker_index if i == last else None,
+                      window)
         return self.heads(self.ln_f(x[:, 0])).view(b, 2, self.n_classes)
 
 
@@ -505,24 +525,29 @@ class TrainSettings:
             raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})")
 
 
-def accuracy(model: TinyGridEncoder, batch: GridBatch, side: int, chunk: int = 250) -> dict[str, float]:
+def accuracy(model: TinyGridEncoder, batch: GridBatch, side: int, chunk: int = 250, *,
+             offset: int = 0, window: int | None = None) -> dict[str, float]:
     """The fraction of ``batch`` (grids of side ``side``) whose offset the model gets right:
     ``{"both": both heads right, "dr": the row head right, "dc": the column head right}``.
-    Runs without gradients in chunks of ``chunk`` grids; uses :meth:`TinyGridEncoder.for_grid`."""
+    Runs without gradients in chunks of ``chunk`` grids; uses :meth:`TinyGridEncoder.for_grid`
+    with the frame ``side + offset``. ``offset`` and ``window`` are the diagnostics of
+    :meth:`TinyGridEncoder.forward`."""
     if not isinstance(batch, GridBatch):
         raise TypeError(f"batch must be a GridBatch, got {type(batch).__name__}")
     check_positive_int(side, "side")
     check_positive_int(chunk, "chunk")
     if batch.tokens.shape[1] != side * side:
         raise ValueError(f"batch holds {batch.tokens.shape[1]} tokens per grid, not side * side = {side * side}")
-    net = model.for_grid((side, side))
+    check_positive_int(offset, "offset", 0)
+    net = model.for_grid((side + offset, side + offset))
     was_training = net.training
     net.eval()
     right = []
     with torch.no_grad():
         for start in range(0, batch.tokens.shape[0], chunk):
             sl = slice(start, start + chunk)
-            pred = net(batch.tokens[sl], (side, side), batch.marker_index[sl]).argmax(-1)
+            pred = net(batch.tokens[sl], (side, side), batch.marker_index[sl], offset=offset,
+                       window=window).argmax(-1)
             right.append(pred == batch.labels[sl])
     model.train(was_training)
     hit = torch.cat(right)
@@ -570,6 +595,11 @@ def train_and_eval(scheme_name: str, seed: int, steps: int = STEPS, *, task: Gri
         mean loss of each ``log_every`` steps, ``step`` the last step of the window, from 1),
         ``final_loss`` (mean of the last ``log_every`` steps), ``accuracy`` (``{str(G):
         accuracy(...)["both"]}``), ``axis_accuracy`` (``{str(G): {"dr": ..., "dc": ...}}``),
+        ``shifted_accuracy`` (``{str(G): ...}`` for ``G > task.grid``: the training-size grids
+        placed at offset ``G - task.grid``, the far corner of a ``G x G`` frame) and
+        ``window_accuracy`` (``{str(G): ...}``: the ``G`` grids with attention limited to keys
+        within Chebyshev distance ``task.grid - 1``), both empty for schemes without 2-D
+        positions,
         ``chance``, and the ``task`` and ``settings`` as dicts.
     """
     if not isinstance(scheme_name, str) or scheme_name not in SCHEMES:
@@ -615,6 +645,17 @@ def train_and_eval(scheme_name: str, seed: int, steps: int = STEPS, *, task: Gri
         res = accuracy(model, eval_batch(t, s.eval_size), g)
         acc[str(g)] = res["both"]
         axis[str(g)] = {"dr": res["dr"], "dc": res["dc"]}
+    # Diagnostics at the larger grids, for 2-D schemes: the training grid shifted to the far
+    # corner of a G x G frame (new absolute positions, nothing else new), and the G x G grid
+    # with attention limited to keys within the training grid's largest offset (G_train - 1).
+    shifted, windowed = {}, {}
+    if _axes(model.schemes[0]) == 2:
+        base = eval_batch(task, s.eval_size)
+        for g in grids:
+            if g > task.grid:
+                shifted[str(g)] = accuracy(model, base, task.grid, offset=g - task.grid)["both"]
+                windowed[str(g)] = accuracy(model, eval_batch(tests[g], s.eval_size), g,
+                                            window=task.grid - 1)["both"]
     eval_seconds = time.perf_counter() - start
     tail = losses[-s.log_every:]
     result = {
@@ -627,6 +668,8 @@ def train_and_eval(scheme_name: str, seed: int, steps: int = STEPS, *, task: Gri
         "final_loss": sum(tail) / len(tail),
         "accuracy": acc,
         "axis_accuracy": axis,
+        "shifted_accuracy": shifted,
+        "window_accuracy": windowed,
         "chance": task.chance,
         "task": asdict(task),
         "settings": asdict(s),
@@ -654,15 +697,20 @@ def run_all(schemes: Sequence[str], seeds: Sequence[int], steps: int = STEPS, *,
 
 def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per scheme (in first-seen order) and grid size, the mean, minimum and maximum accuracy
-    over its runs: ``{scheme: {"seeds": n, "by_grid": {str(G): {"mean", "min", "max"}}}}``."""
+    over its runs: ``{scheme: {"seeds": n, "by_grid": {str(G): {"mean", "min", "max"}},
+    "shifted": {...}, "window": {...}}}``, the last two from the diagnostics
+    (``shifted_accuracy``, ``window_accuracy``; empty for schemes without them)."""
+    def stats(vals: list[float]) -> dict[str, float]:
+        return {"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals)}
+
     out: dict[str, Any] = {}
     for name in dict.fromkeys(r["scheme"] for r in runs):
         mine = [r for r in runs if r["scheme"] == name]
-        by_grid = {}
-        for g in mine[0]["accuracy"]:
-            vals = [r["accuracy"][g] for r in mine]
-            by_grid[g] = {"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals)}
-        out[name] = {"seeds": len(mine), "by_grid": by_grid}
+        entry: dict[str, Any] = {"seeds": len(mine)}
+        for key, field in (("by_grid", "accuracy"), ("shifted", "shifted_accuracy"), ("window", "window_accuracy")):
+            grids = mine[0].get(field, {})
+            entry[key] = {g: stats([r[field][g] for r in mine]) for g in grids}
+        out[name] = entry
     return out
 
 
