@@ -7,20 +7,16 @@ chapter, each a :class:`~companion.attention.PositionScheme` with
 ``position_axes = A > 1``, whose positions are int64 tensors ``(seq, A)`` (shared by the
 batch) or ``(batch, seq, A)`` (per row):
 
-========================  ========  ============================================================
-scheme                    hook      what it is
-========================  ========  ============================================================
-:class:`Sinusoidal2DEmbedding`  embed   MAE's fixed 2-D sin-cos table: half of the channels
-                                        encode the column, half the row
-:class:`LearnedGridEmbedding`   embed   ViT's learned table, one vector per cell; resampled
-                                        (bicubic) to run at another resolution
-:class:`AxialRoPE`              rotate  1-D RoPE per axis on disjoint blocks of pairs (rope-vit
-                                        RoPE-Axial)
-:class:`MixedRoPE`              rotate  learned per-head frequencies that mix the axes, angle
-                                        ``w_x x + w_y y`` (rope-vit RoPE-Mixed)
-:class:`MRoPE`                  rotate  Qwen2-VL's multimodal RoPE: sections of pairs for
-                                        time, height and width
-========================  ========  ============================================================
+* :class:`Sinusoidal2DEmbedding` (``embed``): MAE's fixed 2-D sin-cos table, half of the
+  channels encoding the column and half the row;
+* :class:`LearnedGridEmbedding` (``embed``): ViT's learned table, one vector per cell,
+  resampled (bicubic) to run at another resolution;
+* :class:`AxialRoPE` (``rotate``): a 1-D RoPE per axis on disjoint blocks of pairs (rope-vit's
+  RoPE-Axial);
+* :class:`MixedRoPE` (``rotate``): learned per-head frequencies that mix the axes, angle
+  ``w_y y + w_x x`` (rope-vit's RoPE-Mixed);
+* :class:`MRoPE` (``rotate``): Qwen2-VL's multimodal RoPE, sections of pairs for time,
+  height and width (and Qwen3-VL's interleaved sections).
 
 Conventions. Axes come in the order of the grid's shape: for an image ``(H, W)``, axis 0 is
 the row (``y``) and axis 1 the column (``x``); for Qwen2-VL, ``(t, h, w)``. Tokens are
@@ -591,8 +587,8 @@ def mrope_cos_sin(positions: Tensor, inv_freq: Tensor, mrope_section: Sequence[i
         positions: integer ``(seq, 3)`` or ``(batch, seq, 3)``, ``(t, h, w)``
             (:func:`qwen2vl_position_ids`; HuggingFace's ``(3, batch, seq)`` is
             ``positions.permute(2, 0, 1)``).
-        inv_freq: ``(P,)`` floating inverse frequencies (:func:`companion.rope_frequencies`,
-            or a scaled set from :func:`companion.compute_inv_freq`).
+        inv_freq: ``(P,)`` floating inverse frequencies (:func:`companion.rope.rope_frequencies`,
+            or a scaled set from :func:`companion.scaling.compute_inv_freq`).
         mrope_section: 3 non-negative ints summing to ``P``.
         attention_factor: multiplies both tables (1 for Qwen2-VL).
         interleaved: Qwen3-VL's interleaved sections instead (:func:`mrope_axis_of_pair`),
