@@ -85,9 +85,9 @@ class PositionScheme(nn.Module):
     built for the wrong number of heads raises ``ValueError`` instead of broadcasting.
     """
 
-    #: Coordinates per token: 1 for a sequence (positions ``(seq,)`` or ``(batch, seq)``);
-    #: ``A > 1`` for a scheme on a grid (:mod:`companion.grid`), whose positions are
-    #: ``(seq, A)`` or ``(batch, seq, A)``, one integer per axis.
+    #: The number of coordinates per token, 1 for a sequence (positions ``(seq,)`` or
+    #: ``(batch, seq)``) and ``A > 1`` for a scheme on a grid (:mod:`companion.grid`), whose
+    #: positions are ``(seq, A)`` or ``(batch, seq, A)``, one integer per axis.
     position_axes: int = 1
 
     def default_positions(self, length: int, start: int, device: torch.device) -> Tensor:
