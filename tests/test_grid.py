@@ -1344,3 +1344,41 @@ def test_interleaved_mrope_validation():
         companion.MRoPE(16, (2, 3, 3), interleaved=1)
     with pytest.raises(TypeError, match="interleaved must be a bool"):
         companion.mrope_axis_of_pair((2, 3, 3), interleaved="yes")
+
+
+@pytest.mark.parametrize("name,scheme,axes", grid_schemes(), ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize("path", ["sdpa-mask", "blockwise"])
+def test_grid_schemes_on_every_fast_path_with_masks_and_gradients(name, scheme, axes, path, monkeypatch):
+    """A padding mask with causal=True, float64, forward and backward (q, k, v and MixedRoPE's
+    frequencies): fast_attention's SDPA path and its blockwise path (forced by a zero mask
+    budget; it tiles by sequence order) agree with the reference."""
+    from companion import dispatch
+
+    if path == "blockwise":
+        monkeypatch.setattr(dispatch, "SDPA_MASK_BYTES", 0)
+    scheme = scheme.double()
+    d = scheme.head_dim
+    grid = (3, 4) if axes == 2 else (2, 2, 3)
+    pos = shuffled(grid_positions(grid), 5)
+    kv = 4 if name == "mixed" else 2
+    keep = torch.ones(2, 12, dtype=torch.bool)
+    keep[0, :3] = False
+    mask = keep[:, None, None, :]
+    results = []
+    for fn in (attention, fast_attention):
+        q = rand(2, 4, 12, d, seed=1, dtype=torch.float64).requires_grad_()
+        k = rand(2, kv, 12, d, seed=2, dtype=torch.float64).requires_grad_()
+        v = rand(2, kv, 12, d, seed=3, dtype=torch.float64).requires_grad_()
+        for p in scheme.parameters():
+            p.grad = None
+        out = fn(q, k, v, scheme, pos, pos, causal=True, attn_mask=mask)
+        out.backward(rand(2, 4, 12, d, seed=9, dtype=torch.float64))
+        grads = [q.grad, k.grad, v.grad] + [p.grad.clone() for p in scheme.parameters()]
+        results.append((out.detach(), grads))
+    assert dispatch.attention_path(q, k, v, scheme, pos, pos, causal=True, attn_mask=mask) == path
+    (ref, ref_g), (fast, fast_g) = results
+    # float64: the module docstring's 8 (D + 2 L) eps m with m <= 16 here, for outputs and grads
+    tol = 8 * (d + 2 * 12) * torch.finfo(torch.float64).eps * 16
+    torch.testing.assert_close(fast, ref, rtol=0, atol=tol)
+    for g, r in zip(fast_g, ref_g):
+        torch.testing.assert_close(g, r, rtol=0, atol=tol * max(1.0, float(r.abs().max())))
