@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed
 MATHJAX := book/_mathjax/mathjax/tex-svg.js
 # pytest-xdist workers for the unit tests and the notebooks
 WORKERS ?= 2
-NB ?= chapters/*.ipynb
+NB ?= chapters/*.ipynb book/*.ipynb
 # The portability matrix: numeric configurations of this same machine that change float32
 # results (other vector kernels in torch, another MKL code path, one thread instead of two).
 # The stored notebook outputs and the unit tests must pass in every one of them, so that they
@@ -63,7 +63,7 @@ pretrained: $(STAMP)
 
 test-notebooks: $(STAMP) pretrained
 	$(PY) -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
-		-q -n $(WORKERS) --dist loadscope chapters
+		-q -n $(WORKERS) --dist loadscope chapters $(wildcard book/*.ipynb)
 
 # Re-run the unit tests and every notebook under each configuration of PORTABILITY_MATRIX.
 test-portable: $(STAMP) pretrained

@@ -24,7 +24,7 @@ def bib_keys() -> set[str]:
 
 def cited_keys() -> dict[str, set[str]]:
     texts: dict[str, str] = {}
-    for path in sorted((ROOT / "chapters").glob("*.ipynb")):
+    for path in sorted((ROOT / "chapters").glob("*.ipynb")) + sorted((ROOT / "book").glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
         texts[path.name] = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     for path in sorted((ROOT / "book").glob("*.md")):

@@ -22,7 +22,7 @@ import torch
 from companion.utils import NUMERIC_ENV_VARS, numeric_config, provenance
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb")) + sorted((ROOT / "book").glob("*.ipynb"))
 GLUE_MIME = "application/papermill.record/text/plain"
 
 

@@ -28,7 +28,7 @@ SCAFFOLDING = {
 
 def pages() -> dict[str, str]:
     texts = {}
-    for path in sorted((ROOT / "chapters").glob("*.ipynb")):
+    for path in sorted((ROOT / "chapters").glob("*.ipynb")) + sorted((ROOT / "book").glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
         texts[path.name] = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     for path in sorted((ROOT / "book").glob("*.md")):
