@@ -58,6 +58,7 @@ from ..cope import CoPE, cope_gates
 from ..model import TinyDecoder
 from ..rope import RotaryEmbedding
 from ..utils import save_result
+from .data import as_generator
 
 __all__ = [
     "CountingTask",
@@ -152,13 +153,6 @@ class CountingBatch(NamedTuple):
     k: Tensor
 
 
-def _generator(generator: torch.Generator | int) -> torch.Generator:
-    if isinstance(generator, torch.Generator):
-        return generator
-    check_positive_int(generator, "generator", 0)
-    return torch.Generator().manual_seed(generator)
-
-
 def make_batch(batch_size: int, generator: torch.Generator | int,
                task: CountingTask = CountingTask()) -> CountingBatch:
     """Draw ``batch_size`` sequences of ``task``.
@@ -176,7 +170,7 @@ def make_batch(batch_size: int, generator: torch.Generator | int,
     check_positive_int(batch_size, "batch_size")
     if not isinstance(task, CountingTask):
         raise TypeError(f"task must be a CountingTask, got {type(task).__name__}")
-    g = _generator(generator)
+    g = as_generator(generator)
     b, m, n = batch_size, task.max_markers, task.seq_len
     tokens = torch.randint(0, task.n_noise, (b, n), generator=g)
     count = torch.randint(task.max_k, m + 1, (b,), generator=g)

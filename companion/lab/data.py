@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .._checks import check_positive_int
 
-__all__ = ["KEY_OPEN", "KEY_CLOSE", "KEY_DIGITS", "QUERY_LEN", "random_digits", "write_key",
+__all__ = ["KEY_OPEN", "KEY_CLOSE", "KEY_DIGITS", "QUERY_LEN", "as_generator", "random_digits", "write_key",
            "sample_batch", "windows"]
 
 #: The control bytes around a key (STX, ETX); neither occurs in the standard library's source.
@@ -32,6 +32,15 @@ KEY_DIGITS = 5
 #: Bytes of a key (``KEY_OPEN``, the digits, ``KEY_CLOSE``) and of a query (no ``KEY_CLOSE``).
 KEY_LEN, QUERY_LEN = KEY_DIGITS + 2, KEY_DIGITS + 1
 _DIGIT0 = ord("0")
+
+
+def as_generator(generator: torch.Generator | int) -> torch.Generator:
+    """``generator`` itself, or a fresh CPU generator seeded with the int ``generator`` (>= 0).
+    torch's CPU generator is portable: the same seed draws the same numbers on every machine."""
+    if isinstance(generator, torch.Generator):
+        return generator
+    check_positive_int(generator, "generator", 0)
+    return torch.Generator().manual_seed(generator)
 
 
 def random_digits(n: int, generator: torch.Generator) -> Tensor:

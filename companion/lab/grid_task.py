@@ -65,6 +65,7 @@ from ..attention import NoPE, PositionScheme
 from ..dispatch import fast_attention
 from ..grid import AxialRoPE, LearnedGridEmbedding, MixedRoPE, Sinusoidal2DEmbedding, grid_positions
 from ..utils import save_result
+from .data import as_generator
 
 __all__ = [
     "EMPTY",
@@ -173,13 +174,6 @@ class GridBatch(NamedTuple):
     marker_index: Tensor
 
 
-def _generator(generator: torch.Generator | int) -> torch.Generator:
-    if isinstance(generator, torch.Generator):
-        return generator
-    check_positive_int(generator, "generator", 0)
-    return torch.Generator().manual_seed(generator)
-
-
 def make_batch(batch_size: int, generator: torch.Generator | int, task: GridTask = GridTask()) -> GridBatch:
     """Draw ``batch_size`` grids of ``task``.
 
@@ -202,7 +196,7 @@ def make_batch(batch_size: int, generator: torch.Generator | int, task: GridTask
     check_positive_int(batch_size, "batch_size")
     if not isinstance(task, GridTask):
         raise TypeError(f"task must be a GridTask, got {type(task).__name__}")
-    g = _generator(generator)
+    g = as_generator(generator)
     b, k, side, n = batch_size, task.max_offset, task.grid, task.seq_len
     width = task.n_classes
     centre = (width * width) // 2
