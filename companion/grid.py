@@ -55,7 +55,7 @@ from ._checks import (
     check_tensor,
 )
 from .attention import PositionScheme
-from .rope import _check_activation, _rotate, check_layout, check_rotary_dim, rope_frequencies
+from .rope import _FP32_EXACT_INT, _rotate, check_layout, check_qk_head_dim, check_rotary_dim, rope_frequencies
 
 __all__ = [
     "GRID_SCHEMES",
@@ -72,9 +72,6 @@ __all__ = [
     "MRoPE",
     "qwen2vl_position_ids",
 ]
-
-#: float32 holds every integer exactly only up to 2**24.
-_FP32_EXACT_INT = 2**24
 
 
 # ----------------------------------------------------------------------------- positions
@@ -113,11 +110,6 @@ def grid_positions(shape: Sequence[int], *, device: torch.device | str | None = 
     sizes = _grid_shape(shape)
     axes = [torch.arange(s, device=device) for s in sizes]
     return torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, len(sizes))
-
-
-def _positions_for(pos: object, name: str, length: int, axes: int, batch: int | None,
-                   device: torch.device) -> Tensor:
-    return as_grid_positions(pos, name, length, axes, batch, device)
 
 
 # ----------------------------------------------------------------------------- embed schemes
@@ -351,28 +343,28 @@ class _GridRotary(PositionScheme):
     head_dim: int
     rotary_dim: int
     layout: str
+    #: whether each head has its own frequencies (tables ``(..., heads, seq, P)``) or all
+    #: heads share them (``(..., seq, P)``)
+    per_head: bool = False
 
     def _angles(self, pos: Tensor, dtype: torch.dtype) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _table(self, pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """cos/sin shaped to broadcast against ``(batch, heads, seq, head_dim)``."""
+    def _cos_sin(self, pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         angle = self._angles(pos, dtype)
-        per_head = isinstance(self, MixedRoPE)
-        if not per_head:
-            angle = angle.unsqueeze(-3)                 # (seq, P) -> (1, seq, P); (b, 1, seq, P)
-        if angle.dim() == 3:
-            angle = angle.unsqueeze(0)
         return angle.cos(), angle.sin()
 
+    def _table(self, pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos/sin shaped to broadcast against ``(batch, heads, seq, head_dim)``."""
+        c, s = self._cos_sin(pos, dtype)
+        if not self.per_head:
+            c, s = c.unsqueeze(-3), s.unsqueeze(-3)     # a heads axis of 1
+        if c.dim() == 3:
+            c, s = c.unsqueeze(0), s.unsqueeze(0)       # a batch axis of 1
+        return c, s
+
     def _check_qk(self, q: Tensor, k: Tensor) -> None:
-        _check_activation(q, "q")
-        _check_activation(k, "k")
-        if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
-            raise ValueError(
-                f"q and k head_dim must equal this scheme's head_dim {self.head_dim}, got "
-                f"{q.shape[-1]} and {k.shape[-1]}"
-            )
+        check_qk_head_dim(q, k, self.head_dim)
         if k.device != q.device:
             raise ValueError(f"k is on {k.device} but q is on {q.device}")
 
@@ -381,8 +373,8 @@ class _GridRotary(PositionScheme):
         ``(batch, seq, A)``). float64 activations get float64 angles."""
         self._check_qk(q, k)
         a = self.position_axes
-        q_pos = _positions_for(q_pos, "q_pos", q.shape[2], a, q.shape[0], q.device)
-        k_pos = _positions_for(k_pos, "k_pos", k.shape[2], a, k.shape[0], k.device)
+        q_pos = as_grid_positions(q_pos, "q_pos", q.shape[2], a, q.shape[0], q.device)
+        k_pos = as_grid_positions(k_pos, "k_pos", k.shape[2], a, k.shape[0], k.device)
         dtype = torch.float64 if torch.float64 in (q.dtype, k.dtype) else torch.float32
         cq, sq = self._table(q_pos, dtype)
         if k_pos.shape == q_pos.shape and torch.equal(k_pos, q_pos) and cq.shape[1] in (1, k.shape[1]):
@@ -474,6 +466,7 @@ class MixedRoPE(_GridRotary):
     """
 
     position_axes = 2
+    per_head = True
 
     def __init__(self, head_dim: int, num_heads: int, base: float = 10.0, *,
                  rotary_dim: int | None = None, layout: str = "interleaved", rotate_init: bool = True,
@@ -675,26 +668,9 @@ class MRoPE(_GridRotary):
         """Text positions: ``p = start .. start + length - 1`` on all three axes."""
         return torch.arange(start, start + length, device=device).unsqueeze(-1).expand(length, 3).contiguous()
 
-    def _table(self, pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    def _cos_sin(self, pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         inv = self.inv_freq64 if dtype == torch.float64 else self.inv_freq
         return mrope_cos_sin(pos, inv, self.mrope_section, self.attention_factor, interleaved=self.interleaved)
-
-    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
-        """Rotate ``q`` at ``q_pos`` and ``k`` at ``k_pos``, ``(seq, 3)`` or ``(batch, seq, 3)``
-        positions ``(t, h, w)``. float64 activations get float64 tables."""
-        self._check_qk(q, k)
-        q_pos = _positions_for(q_pos, "q_pos", q.shape[2], 3, q.shape[0], q.device)
-        k_pos = _positions_for(k_pos, "k_pos", k.shape[2], 3, k.shape[0], k.device)
-        dtype = torch.float64 if torch.float64 in (q.dtype, k.dtype) else torch.float32
-
-        def table(pos: Tensor) -> tuple[Tensor, Tensor]:
-            c, s = self._table(pos, dtype)
-            return (c, s) if c.dim() == 2 else (c.unsqueeze(1), s.unsqueeze(1))
-
-        cq, sq = table(q_pos)
-        ck, sk = (cq, sq) if (k_pos.shape == q_pos.shape and torch.equal(k_pos, q_pos)) else table(k_pos)
-        return (_rotate(q, cq, sq, "half", self.rotary_dim, False),
-                _rotate(k, ck, sk, "half", self.rotary_dim, False))
 
     def extra_repr(self) -> str:
         freq = f"base={self.base:g}" if self.base is not None else "inv_freq=custom"

@@ -75,6 +75,7 @@ __all__ = [
     "check_rope_tables",
     "rope_table_rows",
     "check_rope_args",
+    "check_qk_head_dim",
     "RotaryEmbedding",
     "positions_from_mask",
     "layout_permutation",
@@ -161,6 +162,19 @@ def _check_activation(x: object, name: str) -> Tensor:
     if not x.dtype.is_floating_point:  # type: ignore[union-attr]
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")  # type: ignore[union-attr]
     return x  # type: ignore[return-value]
+
+
+def check_qk_head_dim(q: object, k: object, head_dim: int) -> None:
+    """Require 4-D floating ``q`` and ``k`` whose last dimension is a scheme's ``head_dim``
+    (``ValueError`` naming both otherwise); the first check of every ``rotate`` hook."""
+    _check_activation(q, "q")
+    _check_activation(k, "k")
+    assert isinstance(q, Tensor) and isinstance(k, Tensor)
+    if q.shape[-1] != head_dim or k.shape[-1] != head_dim:
+        raise ValueError(
+            f"q and k head_dim must equal this scheme's head_dim {head_dim}, got "
+            f"{q.shape[-1]} and {k.shape[-1]}"
+        )
 
 
 def _check_inplace(xs: dict[str, Tensor], cos: Tensor, sin: Tensor) -> None:
@@ -825,13 +839,7 @@ class RotaryEmbedding(PositionScheme):
         """Rotate ``q`` at ``q_pos`` and ``k`` at ``k_pos``; positions ``(seq,)`` or ``(batch, seq)``.
 
         float64 ``q`` or ``k`` are rotated with float64 tables (see the class doc)."""
-        _check_activation(q, "q")
-        _check_activation(k, "k")
-        if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
-            raise ValueError(
-                f"q and k head_dim must equal this scheme's head_dim {self.head_dim}, got "
-                f"{q.shape[-1]} and {k.shape[-1]}"
-            )
+        check_qk_head_dim(q, k, self.head_dim)
         q_pos = as_positions(q_pos, "q_pos", q.shape[2], q.shape[0], q.device)
         k_pos = as_positions(k_pos, "k_pos", k.shape[2], k.shape[0], k.device)
         if self.rope_spec is not None and self.rope_spec.is_dynamic:
