@@ -1,0 +1,780 @@
+"""Tests for companion.lab.results: :class:`Sweep` over a chapter 8 sweep, :class:`Extension`
+over a chapter 9 extension run, and :func:`difference`.
+
+Every input is synthetic and small, built here in the layouts that
+:func:`companion.lab.sweep.evaluate_model` (a sweep's ``eval``) and
+:func:`companion.lab.extend.extension_job` (an extension's ``rows`` and ``units``) produce. The
+values are drawn from seeded generators and kept in a separate "truth" record, so every expected
+array is assembled independently of the code under test (the indexing is what is tested, not
+arithmetic). Seeds are stored out of order and schemes / jobs have different numbers of seeds,
+so that an implementation that kept the stored order, or assumed equal seed counts, fails.
+
+The file formats are exercised too: a sweep through :func:`companion.utils.save_result` /
+:func:`~companion.utils.load_result` and extension rows through
+:func:`companion.utils.save_csv` / :func:`~companion.utils.load_csv`.
+
+Equalities are exact where the values are copied (JSON writes a float's shortest repr, which
+reads back to the same double; the CSV stores strings that both sides parse with ``float``).
+The one tolerance, on a mean of means, is derived where it is used.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import astuple
+
+import numpy as np
+import pytest
+
+from companion.lab.extend import CSV_FIELDS
+from companion.lab.results import Extension, Sweep, difference
+from companion.lab.stats import Interval, bootstrap_ci, paired_bootstrap_ci
+from companion.utils import load_csv, load_result, save_csv, save_result
+
+EPS = np.finfo(np.float64).eps
+
+# ----------------------------------------------------------------------------------------------
+# a synthetic sweep
+# ----------------------------------------------------------------------------------------------
+
+TRAIN_LEN = 32
+MULTIPLES = [1, 2, 4, 8]
+LENGTHS = [m * TRAIN_LEN for m in MULTIPLES]  # what evaluate_model stores as "lengths"
+PK_MULTIPLES = [2, 4]
+PK_LENGTHS = [m * TRAIN_LEN for m in PK_MULTIPLES]
+DEPTHS = [0.0, 0.5, 1.0]
+N_BLOCKS = 5
+N_TRIALS = 4
+N_LAYERS = 3
+
+# (scheme, seed) in the stored order: schemes interleaved, seeds out of order, 3 / 2 / 1 seeds.
+# "nope:causal" has a colon, as user schemes may.
+RUN_ORDER = [("rope", 2), ("alibi", 5), ("rope", 0), ("nope:causal", 7), ("alibi", 3), ("rope", 1)]
+SCHEMES = ["rope", "alibi", "nope:causal"]  # order of first appearance in RUN_ORDER
+SEEDS = {"rope": [0, 1, 2], "alibi": [3, 5], "nope:causal": [7]}  # sorted, per scheme
+
+
+def _sweep_truth(scheme: str, seed: int) -> dict[str, np.ndarray]:
+    """The values of one run, as arrays indexed by position in LENGTHS / PK_LENGTHS / DEPTHS.
+
+    Each metric has its own range (all in [1, 2), tail [2, 3), sliding [3, 4)) so a mix-up
+    between metrics cannot go unnoticed, and every (scheme, seed) its own generator."""
+    rng = np.random.default_rng([SCHEMES.index(scheme), seed, 8])
+    nl, npk, nd = len(LENGTHS), len(PK_LENGTHS), len(DEPTHS)
+    exact_trials = rng.integers(0, 2, size=(npk, nd, N_TRIALS))
+    gain_trials = rng.normal(1.0, 0.5, size=(npk, nd, N_TRIALS))
+    bits = rng.uniform(0.5, 3.0, size=(npk, nd))
+    return {
+        "all": 1 + rng.random(nl),
+        "tail": 2 + rng.random(nl),
+        "sliding": 3 + rng.random(nl),
+        "blocks_all": 1 + rng.random((nl, N_BLOCKS)),
+        "blocks_tail": 2 + rng.random((nl, N_BLOCKS)),
+        "blocks_sliding": 3 + rng.random((nl, N_BLOCKS)),
+        "exact": exact_trials.mean(-1),
+        "gain": gain_trials.mean(-1),
+        "bits": bits,
+        "control_bits": bits + gain_trials.mean(-1),
+        "exact_trials": exact_trials,
+        "gain_trials": gain_trials,
+        "entropy": rng.uniform(0.0, 5.0, size=(nl, N_LAYERS)),
+    }
+
+
+def _sweep_eval(t: dict[str, np.ndarray]) -> dict:
+    """A run's ``eval`` in the layout of evaluate_model (string length keys, nested lists)."""
+    return {
+        "lengths": list(LENGTHS),
+        "bpb": {str(w): {"all": float(t["all"][i]), "tail": float(t["tail"][i])} for i, w in enumerate(LENGTHS)},
+        "sliding_bpb": {str(w): float(t["sliding"][i]) for i, w in enumerate(LENGTHS)},
+        "blocks": {m: {str(w): t[f"blocks_{m}"][i].tolist() for i, w in enumerate(LENGTHS)}
+                   for m in ("all", "tail", "sliding")},
+        "passkey": {"lengths": list(PK_LENGTHS), "depths": list(DEPTHS),
+                    **{k: t[k].tolist() for k in ("bits", "control_bits", "gain", "exact", "exact_trials",
+                                                   "gain_trials")}},
+        "entropy": {str(w): t["entropy"][i].tolist() for i, w in enumerate(LENGTHS)},
+    }
+
+
+EVAL_CONFIG = {"multiples": MULTIPLES, "windows": 8, "blocks": N_BLOCKS, "sliding_tokens": 1024,
+               "passkey_multiples": PK_MULTIPLES, "passkey_depths": DEPTHS, "passkey_trials": N_TRIALS,
+               "entropy_windows": 2}
+
+
+def _sweep_data() -> tuple[dict, dict[tuple[str, int], dict[str, np.ndarray]]]:
+    truth = {key: _sweep_truth(*key) for key in RUN_ORDER}
+    runs = [{"config": {"scheme": s, "seed": sd, "seq_len": TRAIN_LEN, "d_model": 16, "steps": 10},
+             "log": [{"step": 10, "loss": 3.0}], "seconds": 1.0,
+             "eval": _sweep_eval(truth[s, sd]), "eval_seconds": 0.5} for s, sd in RUN_ORDER]
+    return {"eval_config": EVAL_CONFIG, "runs": runs, "wall_seconds": 2.0}, truth
+
+
+@pytest.fixture(scope="module")
+def sweep_case():
+    data, truth = _sweep_data()
+    return Sweep(data), data, truth
+
+
+def _expected(truth, scheme: str, key: str, index=None) -> np.ndarray:
+    """``truth[...][key]`` stacked over the seeds of ``scheme`` in sorted order (SEEDS)."""
+    rows = [truth[scheme, sd][key] for sd in SEEDS[scheme]]
+    return np.array([r if index is None else r[index] for r in rows])
+
+
+# ----------------------------------------------------------------------------------------------
+# Sweep
+# ----------------------------------------------------------------------------------------------
+
+
+def test_sweep_attributes(sweep_case):
+    sw, data, _ = sweep_case
+    assert sw.schemes == SCHEMES
+    assert sw.train_len == TRAIN_LEN and isinstance(sw.train_len, int)
+    assert sw.lengths == LENGTHS
+    assert sw.multiples == MULTIPLES
+    assert sw.passkey_lengths == PK_LENGTHS
+    assert sw.depths == DEPTHS
+    assert all(type(d) is float for d in sw.depths)
+    assert sw.eval_config == EVAL_CONFIG
+    assert sw.data is data
+    assert set(sw.runs) == set(RUN_ORDER)
+
+
+def test_sweep_attributes_convert_types():
+    """Depths stored as ints (0, 1) become floats; lengths stored as strings become ints."""
+    data, _ = _sweep_data()
+    first = data["runs"][0]
+    first["config"]["seq_len"] = str(TRAIN_LEN)
+    first["eval"]["lengths"] = [str(w) for w in LENGTHS]
+    first["eval"]["passkey"]["depths"] = [0, 0.5, 1]
+    first["eval"]["passkey"]["lengths"] = [str(w) for w in PK_LENGTHS]
+    sw = Sweep(data)
+    assert sw.train_len == TRAIN_LEN
+    assert sw.lengths == LENGTHS and all(type(w) is int for w in sw.lengths)
+    assert sw.passkey_lengths == PK_LENGTHS and all(type(w) is int for w in sw.passkey_lengths)
+    assert sw.depths == [0.0, 0.5, 1.0] and all(type(d) is float for d in sw.depths)
+    assert sw.multiples == MULTIPLES
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_sweep_seeds_sorted(sweep_case, scheme):
+    sw, _, _ = sweep_case
+    assert sw.seeds(scheme) == SEEDS[scheme]
+    assert sw.seeds(scheme) == sorted(sd for s, sd in RUN_ORDER if s == scheme)
+
+
+@pytest.mark.parametrize("bad", ["rotary", "ROPE", "nope", ""])
+def test_sweep_unknown_scheme(sweep_case, bad):
+    sw, _, _ = sweep_case
+    with pytest.raises(ValueError, match=f"got {bad!r}"):
+        sw.seeds(bad)
+    # every accessor goes through seeds(), so it names the scheme too
+    for call in (lambda: sw.curve(bad), lambda: sw.blocks(bad, "tail", LENGTHS[0]), lambda: sw.passkey(bad),
+                 lambda: sw.entropy(bad)):
+        with pytest.raises(ValueError, match=f"got {bad!r}"):
+            call()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("metric", ["all", "tail", "sliding"])
+def test_sweep_curve(sweep_case, scheme, metric):
+    sw, _, truth = sweep_case
+    got = sw.curve(scheme, metric)
+    assert got.shape == (len(SEEDS[scheme]), len(LENGTHS))
+    np.testing.assert_array_equal(got, _expected(truth, scheme, metric))
+
+
+def test_sweep_curve_default_is_tail(sweep_case):
+    sw, _, _ = sweep_case
+    np.testing.assert_array_equal(sw.curve("rope"), sw.curve("rope", "tail"))
+    assert not np.array_equal(sw.curve("rope"), sw.curve("rope", "all"))
+
+
+def test_sweep_curve_rows_follow_sorted_seeds(sweep_case):
+    """Row i is seed SEEDS[i]: the stored order (2, 0, 1 for rope) is not kept."""
+    sw, _, truth = sweep_case
+    got = sw.curve("rope", "tail")
+    for i, sd in enumerate(SEEDS["rope"]):
+        np.testing.assert_array_equal(got[i], truth["rope", sd]["tail"])
+    stored = np.array([truth["rope", sd]["tail"] for s, sd in RUN_ORDER if s == "rope"])
+    assert not np.array_equal(got, stored)
+
+
+@pytest.mark.parametrize("bad", ["bpb", "Tail", "sliding_bpb", ""])
+def test_sweep_bad_metric(sweep_case, bad):
+    sw, _, _ = sweep_case
+    with pytest.raises(ValueError, match=f"got {bad!r}"):
+        sw.curve("rope", bad)
+    with pytest.raises(ValueError, match=f"got {bad!r}"):
+        sw.blocks("rope", bad, LENGTHS[0])
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("metric", ["all", "tail", "sliding"])
+def test_sweep_blocks(sweep_case, scheme, metric):
+    sw, _, truth = sweep_case
+    for i, w in enumerate(LENGTHS):
+        got = sw.blocks(scheme, metric, w)
+        assert got.shape == (len(SEEDS[scheme]), N_BLOCKS)
+        np.testing.assert_array_equal(got, _expected(truth, scheme, f"blocks_{metric}", i))
+
+
+def test_sweep_blocks_length_types(sweep_case):
+    """A NumPy integer (as an index into an array of lengths gives) finds the same blocks."""
+    sw, _, _ = sweep_case
+    w = np.array(LENGTHS)[2]
+    np.testing.assert_array_equal(sw.blocks("alibi", "tail", w), sw.blocks("alibi", "tail", LENGTHS[2]))
+
+
+@pytest.mark.parametrize("bad", [TRAIN_LEN * 16, TRAIN_LEN * 3, 0, -TRAIN_LEN])
+def test_sweep_blocks_length_not_evaluated(sweep_case, bad):
+    sw, _, _ = sweep_case
+    with pytest.raises(ValueError, match=f"got {bad!r}"):
+        sw.blocks("rope", "tail", bad)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("key", ["exact", "gain", "bits", "control_bits"])
+def test_sweep_passkey_cells(sweep_case, scheme, key):
+    sw, _, truth = sweep_case
+    got = sw.passkey(scheme, key)
+    assert got.shape == (len(SEEDS[scheme]), len(PK_LENGTHS), len(DEPTHS))
+    np.testing.assert_array_equal(got, _expected(truth, scheme, key))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("key", ["exact_trials", "gain_trials"])
+def test_sweep_passkey_trials(sweep_case, scheme, key):
+    sw, _, truth = sweep_case
+    got = sw.passkey(scheme, key)
+    assert got.shape == (len(SEEDS[scheme]), len(PK_LENGTHS), len(DEPTHS), N_TRIALS)
+    np.testing.assert_array_equal(got, _expected(truth, scheme, key))
+
+
+def test_sweep_passkey_default_and_consistency(sweep_case):
+    sw, _, _ = sweep_case
+    np.testing.assert_array_equal(sw.passkey("rope"), sw.passkey("rope", "exact"))
+    # the synthetic cells are the means of their trials, so the two views agree through the index
+    np.testing.assert_array_equal(sw.passkey("rope", "exact"), sw.passkey("rope", "exact_trials").mean(-1))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_sweep_entropy(sweep_case, scheme):
+    sw, _, truth = sweep_case
+    got = sw.entropy(scheme)
+    assert got.shape == (len(SEEDS[scheme]), len(LENGTHS), N_LAYERS)
+    np.testing.assert_array_equal(got, _expected(truth, scheme, "entropy"))
+
+
+def test_sweep_round_trip_through_result_file(tmp_path, sweep_case):
+    """save_result / load_result (the sweep command's file) and back: the same arrays."""
+    mem, data, truth = sweep_case
+    path = save_result(tmp_path / "sweep.json", data, command="python -m companion.lab sweep --test")
+    payload = load_result(path)
+    assert payload["provenance"]["command"] == "python -m companion.lab sweep --test"
+    sw = Sweep(payload["data"])
+    assert sw.data is not data  # really read from the file
+    assert (sw.schemes, sw.train_len, sw.lengths, sw.multiples, sw.passkey_lengths, sw.depths) == (
+        SCHEMES, TRAIN_LEN, LENGTHS, MULTIPLES, PK_LENGTHS, DEPTHS)
+    for scheme in SCHEMES:
+        assert sw.seeds(scheme) == SEEDS[scheme]
+        for metric in ("all", "tail", "sliding"):
+            np.testing.assert_array_equal(sw.curve(scheme, metric), _expected(truth, scheme, metric))
+            for i, w in enumerate(LENGTHS):
+                np.testing.assert_array_equal(sw.blocks(scheme, metric, w),
+                                              _expected(truth, scheme, f"blocks_{metric}", i))
+        for key in ("exact", "gain", "bits", "control_bits", "exact_trials", "gain_trials"):
+            np.testing.assert_array_equal(sw.passkey(scheme, key), mem.passkey(scheme, key))
+        np.testing.assert_array_equal(sw.entropy(scheme), _expected(truth, scheme, "entropy"))
+
+
+# ----------------------------------------------------------------------------------------------
+# difference
+# ----------------------------------------------------------------------------------------------
+
+
+def _mean_tolerance(*arrays: np.ndarray) -> float:
+    """A bound on the rounding of ``mean(a.mean(0) - b.mean(0))`` against ``a.mean() - b.mean()``.
+
+    Each side sums at most n = a.size + b.size terms of magnitude <= M and divides; the
+    recursive-summation bound gives an error below n * eps * M for each, so 2 n eps M bounds
+    the gap between the two (a loose but honest worst case)."""
+    n = sum(a.size for a in arrays)
+    m = max(float(np.abs(a).max()) for a in arrays)
+    return 2 * n * EPS * m
+
+
+@pytest.mark.parametrize("pair", [("rope", "alibi"), ("alibi", "rope"), ("rope", "nope:causal"),
+                                  ("nope:causal", "alibi")])
+@pytest.mark.parametrize("metric", ["tail", "sliding"])
+def test_difference_is_paired_bootstrap_of_seed_means(sweep_case, pair, metric):
+    """Different seed counts (3, 2, 1) on each side: averaged per block, then paired."""
+    sw, _, _ = sweep_case
+    w = LENGTHS[-1]
+    a, b = sw.blocks(pair[0], metric, w), sw.blocks(pair[1], metric, w)
+    assert a.shape[0] != b.shape[0]
+    got = difference(a, b, seed=3, resamples=500)
+    want = paired_bootstrap_ci(a.mean(0), b.mean(0), seed=3, resamples=500)
+    assert isinstance(got, Interval)
+    assert got == want  # same bootstrap seed: the very same draws, so the very same Interval
+    assert got.units == N_BLOCKS
+    assert got.low <= got.estimate <= got.high
+    assert abs(got.estimate - (a.mean() - b.mean())) <= _mean_tolerance(a, b)
+    # the stacked arrays cannot be paired directly: that is what the seed averaging is for
+    with pytest.raises(ValueError, match="same shape"):
+        paired_bootstrap_ci(a, b)
+
+
+def test_difference_default_arguments_match(sweep_case):
+    sw, _, _ = sweep_case
+    a, b = sw.blocks("rope", "tail", 64), sw.blocks("alibi", "tail", 64)
+    assert difference(a, b) == paired_bootstrap_ci(a.mean(0), b.mean(0))
+    assert difference(a, b).confidence == 0.95
+
+
+def test_difference_passes_keywords(sweep_case):
+    sw, _, _ = sweep_case
+    a, b = sw.blocks("rope", "all", 128), sw.blocks("alibi", "all", 128)
+    wide = difference(a, b, confidence=0.99, seed=1)
+    narrow = difference(a, b, confidence=0.5, seed=1)
+    assert (wide.confidence, narrow.confidence) == (0.99, 0.5)
+    # the same draws (same seed): the 50% quantiles lie inside the 99% ones, and strictly so
+    # because the resampled means of 5 continuous, distinct block values are not all equal
+    assert wide.low < narrow.low <= narrow.high < wide.high
+    assert wide.estimate == narrow.estimate
+    # another bootstrap seed draws other resamples (only the interval moves, not the estimate)
+    other = difference(a, b, confidence=0.99, seed=2)
+    assert other.estimate == wide.estimate and (other.low, other.high) != (wide.low, wide.high)
+    with pytest.raises(ValueError, match="confidence"):
+        difference(a, b, confidence=1.5)
+
+
+def test_difference_one_dimensional(sweep_case):
+    """A single row (one seed's blocks, 1-D) is the row itself."""
+    sw, _, _ = sweep_case
+    a = sw.blocks("nope:causal", "tail", 32)[0]
+    b = sw.blocks("rope", "tail", 32)[1]
+    assert difference(a, b, seed=4) == paired_bootstrap_ci(a, b, seed=4)
+    assert difference(a[None], b, seed=4) == difference(a, b, seed=4)
+
+
+def test_difference_pairs_blocks():
+    """Shared block difficulty cancels: b is a shifted by 1/4 on every block (exact in binary),
+    with blocks that differ by whole bits, so the unpaired spread is wide and the paired one 0."""
+    difficulty = np.array([1.0, 4.0, 2.0, 7.0, 3.0, 6.0])
+    a = np.stack([difficulty + 0.5, difficulty - 0.5])           # two seeds, mean = difficulty
+    b = np.stack([difficulty - 0.25, difficulty - 0.5, difficulty])  # three seeds, mean = difficulty - 0.25
+    got = difference(a, b)
+    # a.mean(0) and b.mean(0) are exact here (sums of dyadic numbers, divided by 2 and by 3:
+    # the 3-row mean is (3 d - 0.75) / 3, which rounds; its error is below 2 eps |d|, so each
+    # block's difference is 0.25 within 4 eps * max(d); resampled means stay within that)
+    tol = 4 * EPS * difficulty.max()
+    assert abs(got.estimate - 0.25) <= tol
+    assert got.high - got.low <= 2 * tol
+    assert got.low - tol <= 0.25 <= got.high + tol
+    # without pairing the same text spread would give an interval over a bit wide
+    unpaired = bootstrap_ci(a.mean(0))
+    assert unpaired.high - unpaired.low > 1.0
+
+
+def test_difference_rejects_other_blocks():
+    with pytest.raises(ValueError, match="same shape"):
+        difference(np.ones((2, 5)), np.ones((2, 4)))
+
+
+# ----------------------------------------------------------------------------------------------
+# a synthetic extension run
+# ----------------------------------------------------------------------------------------------
+
+EXT_SEEDS = [4, 1, 3]  # checkpoints in the stored order
+TUNED_SEEDS = [4, 3]  # --finetune-seeds: the fine-tuned jobs ran on these only
+EXT_METHODS = ["yarn", "none", "pi"]  # the order given on the command line (not alphabetical)
+FT_METHODS = ["none", "pi"]
+EXT_FACTORS = [4.0, 2.0]  # given unsorted
+FT_STEPS = 50
+EXT_DEPTHS = ["0", "0.5", "1"]  # f"{depth:g}" of [0.0, 0.5, 1.0], as extension_job writes them
+EXT_MULTIPLES = [1, 2, 4, 8]
+# a later, shorter run appended to the same files: seed 9, unscaled, at 1 L and 2 L only
+LATE_SEED = 9
+LATE_LENGTHS = [TRAIN_LEN, 2 * TRAIN_LEN]
+
+
+def _job_multiples(method: str, factor: float, steps: int) -> list[float]:
+    """The multiples of L a job is evaluated at (as ExtendConfig.job_multiples with a far length
+    for every fine-tuned job): the unscaled job at every multiple, others at 1 L and s L, a
+    fine-tuned one also at 2 s L where that is at most max(multiples) // 2."""
+    if method == "none" and steps == 0:
+        return [float(m) for m in EXT_MULTIPLES]
+    out = {1.0, float(factor)}
+    if steps and 2 * factor <= max(EXT_MULTIPLES) // 2:
+        out.add(2.0 * factor)
+    return sorted(out)
+
+
+def _jobs() -> list[tuple[int, str, float, int, list[int]]]:
+    """``(seed, method, factor, steps, lengths)`` per job, in run_extension's order."""
+    jobs = []
+    for seed in EXT_SEEDS:
+        for steps in (0, FT_STEPS):
+            for method in (EXT_METHODS if steps == 0 else FT_METHODS):
+                if steps and seed not in TUNED_SEEDS:
+                    continue
+                for factor in ([1.0] if (method == "none" and steps == 0) else EXT_FACTORS):
+                    lengths = [int(round(m * TRAIN_LEN)) for m in _job_multiples(method, factor, steps)]
+                    jobs.append((seed, method, factor, steps, lengths))
+    jobs.append((LATE_SEED, "none", 1.0, 0, LATE_LENGTHS))
+    return jobs
+
+
+def _job_rows_units(seed, method, factor, steps, lengths, job_index):
+    """The rows (Python types, as extension_job returns them) and units of one job."""
+    rng = np.random.default_rng([job_index, seed, 9])
+    key = {"seed": seed, "method": method, "factor": factor, "finetune_steps": steps}
+    rows, units = [], {**key, "tail": {}, "sliding": {}, "passkey": {}}
+    for w in lengths:
+        for metric in ("bpb_all", "bpb_tail", "sliding_bpb"):
+            rows.append({**key, "metric": metric, "length": w, "where": "", "value": f"{2 + rng.random():.6g}"})
+        units["tail"][str(w)] = np.round(2 + rng.random(N_BLOCKS), 4).tolist()
+        units["sliding"][str(w)] = np.round(3 + rng.random(N_BLOCKS), 4).tolist()
+        units["passkey"][str(w)] = {}
+        for depth in EXT_DEPTHS:
+            exact = rng.integers(0, 2, size=N_TRIALS).tolist()
+            gain = np.round(rng.normal(1.0, 0.5, size=N_TRIALS), 4).tolist()
+            units["passkey"][str(w)][depth] = {"gain": gain, "exact": exact}
+            rows.append({**key, "metric": "passkey_gain", "length": w, "where": depth,
+                         "value": f"{np.mean(gain):.6g}"})
+            rows.append({**key, "metric": "passkey_exact", "length": w, "where": depth,
+                         "value": f"{np.mean(exact):.6g}"})
+        for li in range(N_LAYERS):
+            rows.append({**key, "metric": "entropy", "length": w, "where": f"layer{li}",
+                         "value": f"{rng.uniform(0, 5):.6g}"})
+    return rows, units
+
+
+def _extension_data():
+    rows, units = [], []
+    for i, job in enumerate(_jobs()):
+        r, u = _job_rows_units(*job, job_index=i)
+        rows += r
+        units.append(u)
+    data = {"units": units, "searches": [], "finetune_logs": [], "job_seconds": 1.0, "wall_seconds": 1.0}
+    return rows, data
+
+
+def _as_csv_strings(rows):
+    """The rows as load_csv returns them: every value a string."""
+    return [{k: str(v) for k, v in r.items()} for r in rows]
+
+
+def _truth_value(rows, method, factor, steps, metric, length, where, seed) -> float:
+    """The value written for a cell, looked up by a plain scan over the Python-typed rows."""
+    hits = [r["value"] for r in rows if (r["seed"], r["method"], r["factor"], r["finetune_steps"], r["metric"],
+                                         r["length"], r["where"]) == (seed, method, factor, steps, metric, length,
+                                                                      where)]
+    assert len(hits) == 1, "the synthetic data has one row per cell and seed"
+    return float(hits[0])
+
+
+def _truth_unit(data, method, factor, steps, seed) -> dict:
+    hits = [u for u in data["units"] if (u["seed"], u["method"], u["factor"], u["finetune_steps"]) ==
+            (seed, method, factor, steps)]
+    assert len(hits) == 1
+    return hits[0]
+
+
+@pytest.fixture(scope="module")
+def ext_case():
+    rows, data = _extension_data()
+    return Extension(_as_csv_strings(rows), data), rows, data
+
+
+# the cells of the synthetic run: (method, stored factor, steps, seeds, lengths)
+UNSCALED_LENGTHS = [m * TRAIN_LEN for m in EXT_MULTIPLES]
+
+
+def test_synthetic_plan_matches_plan_jobs():
+    """The synthetic jobs are those the real planner makes (so the fixture is realistic)."""
+    from companion.lab.extend import plan_jobs
+
+    planned = plan_jobs(EXT_METHODS, EXT_FACTORS, [0, FT_STEPS], finetune_methods=FT_METHODS)
+    made = list(dict.fromkeys((m, f, n) for sd, m, f, n, _ in _jobs() if sd == EXT_SEEDS[0]))
+    assert made == planned
+
+
+def test_extension_attributes(ext_case):
+    ext, _, data = ext_case
+    assert ext.methods == EXT_METHODS  # order of first appearance
+    assert ext.factors == sorted(EXT_FACTORS) == [2.0, 4.0]  # sorted, without the unscaled 1.0
+    assert ext.steps == [0, FT_STEPS]
+    assert ext.data is data
+
+
+def test_extension_has(ext_case):
+    ext, _, _ = ext_case
+    w8 = 8 * TRAIN_LEN
+    # unscaled RoPE without fine-tuning is stored at factor 1: found at any factor
+    for f in (1.0, 2.0, 4.0, 8.0, 3):
+        assert ext.has("none", f, 0, "bpb_tail", w8)
+        assert ext.has("none", f, 0, "passkey_exact", w8, "0.5")
+    # fine-tuned none is a real job at each factor
+    assert ext.has("none", 2.0, FT_STEPS, "bpb_tail", 4 * TRAIN_LEN)  # beyond = 2 x 2 L
+    assert ext.has("none", 4.0, FT_STEPS, "bpb_tail", 4 * TRAIN_LEN)
+    assert not ext.has("none", 4.0, FT_STEPS, "bpb_tail", 8 * TRAIN_LEN)  # 2 x 4 L is past max // 2
+    assert not ext.has("none", 1.0, FT_STEPS, "bpb_tail", TRAIN_LEN)  # no fine-tuned job at 1
+    assert not ext.has("none", 8.0, FT_STEPS, "bpb_tail", TRAIN_LEN)
+    # other methods only at their factors
+    assert ext.has("yarn", 2.0, 0, "bpb_tail", 2 * TRAIN_LEN)
+    assert ext.has("yarn", 2, 0, "bpb_tail", TRAIN_LEN)  # an int factor is the same factor
+    assert not ext.has("yarn", 1.0, 0, "bpb_tail", TRAIN_LEN)
+    assert not ext.has("yarn", 3.0, 0, "bpb_tail", TRAIN_LEN)
+    assert not ext.has("yarn", 2.0, 0, "bpb_tail", 4 * TRAIN_LEN)  # as-is: 1 L and s L only
+    assert not ext.has("yarn", 2.0, FT_STEPS, "bpb_tail", TRAIN_LEN)  # yarn was not fine-tuned
+    assert ext.has("pi", 4.0, FT_STEPS, "entropy", 4 * TRAIN_LEN, "layer2")
+    assert not ext.has("pi", 4.0, FT_STEPS, "entropy", 4 * TRAIN_LEN, f"layer{N_LAYERS}")
+    # where: passkey cells carry their depth, bpb cells none
+    assert not ext.has("pi", 2.0, 0, "passkey_exact", TRAIN_LEN)
+    assert not ext.has("pi", 2.0, 0, "bpb_tail", TRAIN_LEN, "0.5")
+    assert not ext.has("pi", 2.0, 0, "passkey_exact", TRAIN_LEN, "0.25")
+    assert not ext.has("longrope", 2.0, 0, "bpb_tail", TRAIN_LEN)
+
+
+def test_extension_seeds(ext_case):
+    ext, _, _ = ext_case
+    everyone = sorted(EXT_SEEDS)
+    assert ext.seeds("yarn", 4.0, 0) == everyone
+    assert ext.seeds("pi", 2.0, FT_STEPS) == sorted(TUNED_SEEDS)
+    assert ext.seeds("none", 2.0, FT_STEPS) == sorted(TUNED_SEEDS)
+    # the unscaled job: every checkpoint plus the late seed, at any factor asked
+    assert ext.seeds("none", 1.0, 0) == sorted(EXT_SEEDS + [LATE_SEED])
+    assert ext.seeds("none", 4.0, 0) == ext.seeds("none", 1.0, 0)
+    # with a length: only the seeds measured there (the late seed stopped at 2 L)
+    assert ext.seeds("none", 4.0, 0, length=8 * TRAIN_LEN) == everyone
+    assert ext.seeds("none", 4.0, 0, length=2 * TRAIN_LEN) == sorted(EXT_SEEDS + [LATE_SEED])
+    assert ext.seeds("yarn", 4.0, 0, length=2 * TRAIN_LEN) == []
+    assert ext.seeds("pi", 2.0, FT_STEPS, "passkey_exact", 4 * TRAIN_LEN, "0.5") == sorted(TUNED_SEEDS)
+    assert ext.seeds("pi", 2.0, FT_STEPS, "passkey_exact", 4 * TRAIN_LEN) == []  # the depth is needed
+    assert ext.seeds("longrope", 2.0, 0) == []
+
+
+def test_extension_get_default_every_seed(ext_case):
+    ext, rows, _ = ext_case
+    for method, factor, steps in [("yarn", 2.0, 0), ("pi", 4.0, 0), ("pi", 4.0, FT_STEPS),
+                                  ("none", 2.0, FT_STEPS)]:
+        seeds = ext.seeds(method, factor, steps)
+        for metric, w in [("bpb_all", TRAIN_LEN), ("bpb_tail", int(factor) * TRAIN_LEN),
+                          ("sliding_bpb", TRAIN_LEN)]:
+            got = ext.get(method, factor, steps, metric, w)
+            want = [_truth_value(rows, method, factor, steps, metric, w, "", sd) for sd in seeds]
+            assert got.shape == (len(seeds),)
+            np.testing.assert_array_equal(got, want)
+
+
+def test_extension_get_depth_and_layer(ext_case):
+    ext, rows, _ = ext_case
+    w = 2 * TRAIN_LEN
+    for metric, where in [("passkey_exact", "0"), ("passkey_gain", "1"), ("entropy", "layer1")]:
+        got = ext.get("yarn", 2.0, 0, metric, w, where)
+        np.testing.assert_array_equal(got, [_truth_value(rows, "yarn", 2.0, 0, metric, w, where, sd)
+                                            for sd in sorted(EXT_SEEDS)])
+
+
+def test_extension_get_unscaled_at_any_factor(ext_case):
+    ext, rows, _ = ext_case
+    w = 8 * TRAIN_LEN
+    want = [_truth_value(rows, "none", 1.0, 0, "bpb_tail", w, "", sd) for sd in sorted(EXT_SEEDS)]
+    for f in (1.0, 2.0, 4.0, 16.0):
+        np.testing.assert_array_equal(ext.get("none", f, 0, "bpb_tail", w), want)
+    # at 2 L the late seed is measured too, and the default takes every seed of the cell
+    w2 = 2 * TRAIN_LEN
+    want2 = [_truth_value(rows, "none", 1.0, 0, "bpb_tail", w2, "", sd) for sd in sorted(EXT_SEEDS + [LATE_SEED])]
+    np.testing.assert_array_equal(ext.get("none", 4.0, 0, "bpb_tail", w2), want2)
+    # fine-tuned none is its own job, with other values than the unscaled one
+    tuned = ext.get("none", 2.0, FT_STEPS, "bpb_tail", w2)
+    np.testing.assert_array_equal(tuned, [_truth_value(rows, "none", 2.0, FT_STEPS, "bpb_tail", w2, "", sd)
+                                          for sd in sorted(TUNED_SEEDS)])
+    assert not np.array_equal(tuned, ext.get("none", 2.0, 0, "bpb_tail", w2, seeds=sorted(TUNED_SEEDS)))
+
+
+def test_extension_get_explicit_seeds(ext_case):
+    ext, rows, _ = ext_case
+    w = 4 * TRAIN_LEN
+    for order in ([4, 1], [3, 4, 1], [1]):
+        got = ext.get("pi", 4.0, 0, "bpb_tail", w, seeds=order)
+        np.testing.assert_array_equal(got, [_truth_value(rows, "pi", 4.0, 0, "bpb_tail", w, "", sd) for sd in order])
+    # the stored order of a default call is sorted, not the order given here
+    assert not np.array_equal(ext.get("pi", 4.0, 0, "bpb_tail", w, seeds=[4, 1, 3]),
+                              ext.get("pi", 4.0, 0, "bpb_tail", w))
+    with pytest.raises(KeyError):
+        ext.get("pi", 4.0, FT_STEPS, "bpb_tail", w, seeds=[1])  # seed 1 was not fine-tuned
+
+
+@pytest.mark.parametrize("cell", [
+    ("yarn", 2.0, FT_STEPS, "bpb_tail", TRAIN_LEN, ""),  # not fine-tuned
+    ("yarn", 3.0, 0, "bpb_tail", TRAIN_LEN, ""),  # no such factor
+    ("pi", 2.0, 0, "bpb_tail", 8 * TRAIN_LEN, ""),  # not at that length
+    ("pi", 2.0, 0, "passkey_exact", TRAIN_LEN, ""),  # a passkey cell needs its depth
+    ("none", 1.0, FT_STEPS, "bpb_tail", TRAIN_LEN, ""),  # fine-tuned none has no factor 1 job
+    ("longrope", 2.0, 0, "bpb_tail", TRAIN_LEN, ""),  # not run
+])
+def test_extension_get_missing_cell(ext_case, cell):
+    ext, _, _ = ext_case
+    with pytest.raises(KeyError, match="no measurement"):
+        ext.get(*cell)
+
+
+@pytest.mark.parametrize("metric", ["tail", "sliding"])
+def test_extension_blocks(ext_case, metric):
+    ext, _, data = ext_case
+    for method, factor, steps, w in [("yarn", 4.0, 0, 4 * TRAIN_LEN), ("pi", 2.0, FT_STEPS, 4 * TRAIN_LEN),
+                                     ("none", 4.0, FT_STEPS, TRAIN_LEN)]:
+        seeds = ext.seeds(method, factor, steps, length=w)
+        got = ext.blocks(method, factor, steps, metric, w)
+        assert got.shape == (len(seeds), N_BLOCKS)
+        np.testing.assert_array_equal(got, [_truth_unit(data, method, factor, steps, sd)[metric][str(w)]
+                                            for sd in seeds])
+
+
+def test_extension_blocks_unscaled_rule_and_seeds(ext_case):
+    ext, _, data = ext_case
+    w8, w2 = 8 * TRAIN_LEN, 2 * TRAIN_LEN
+    want8 = [_truth_unit(data, "none", 1.0, 0, sd)["tail"][str(w8)] for sd in sorted(EXT_SEEDS)]
+    for f in (1.0, 2.0, 4.0, 8.0):
+        got = ext.blocks("none", f, 0, "tail", w8)
+        assert got.shape == (len(EXT_SEEDS), N_BLOCKS)
+        np.testing.assert_array_equal(got, want8)
+    # at 2 L the late seed is in the default seeds too
+    assert ext.blocks("none", 2.0, 0, "sliding", w2).shape == (len(EXT_SEEDS) + 1, N_BLOCKS)
+    # fine-tuned none: its own units
+    tuned = ext.blocks("none", 2.0, FT_STEPS, "tail", w2)
+    np.testing.assert_array_equal(tuned, [_truth_unit(data, "none", 2.0, FT_STEPS, sd)["tail"][str(w2)]
+                                          for sd in sorted(TUNED_SEEDS)])
+    assert not np.array_equal(tuned, ext.blocks("none", 2.0, 0, "tail", w2, seeds=sorted(TUNED_SEEDS)))
+    # explicit seeds, in the order given
+    np.testing.assert_array_equal(ext.blocks("yarn", 2.0, 0, "tail", w2, seeds=[3, 1]),
+                                  [_truth_unit(data, "yarn", 2.0, 0, sd)["tail"][str(w2)] for sd in (3, 1)])
+
+
+def test_extension_blocks_feed_difference(ext_case):
+    """The intended use: a method against unscaled RoPE at one length, on the same blocks."""
+    ext, _, _ = ext_case
+    w = 4 * TRAIN_LEN
+    a = ext.blocks("pi", 4.0, FT_STEPS, "tail", w)  # 2 seeds
+    b = ext.blocks("none", 4.0, 0, "tail", w)  # 3 seeds
+    got = difference(a, b, seed=0)
+    assert got == paired_bootstrap_ci(a.mean(0), b.mean(0), seed=0)
+    assert abs(got.estimate - (a.mean() - b.mean())) <= _mean_tolerance(a, b)
+
+
+@pytest.mark.parametrize("key", ["exact", "gain"])
+def test_extension_trials(ext_case, key):
+    ext, _, data = ext_case
+    for method, factor, steps, w, depth in [("yarn", 2.0, 0, 2 * TRAIN_LEN, "0.5"),
+                                            ("pi", 4.0, FT_STEPS, 4 * TRAIN_LEN, "1"),
+                                            ("none", 2.0, FT_STEPS, 4 * TRAIN_LEN, "0")]:
+        seeds = ext.seeds(method, factor, steps, "passkey_exact", w, depth)
+        got = ext.trials(method, factor, steps, w, depth, key)
+        assert got.shape == (len(seeds), N_TRIALS)
+        np.testing.assert_array_equal(got, [_truth_unit(data, method, factor, steps, sd)["passkey"][str(w)][depth]
+                                            [key] for sd in seeds])
+
+
+def test_extension_trials_unscaled_rule_and_seeds(ext_case):
+    ext, rows, data = ext_case
+    w = 8 * TRAIN_LEN
+    want = [_truth_unit(data, "none", 1.0, 0, sd)["passkey"][str(w)]["0.5"]["exact"] for sd in sorted(EXT_SEEDS)]
+    for f in (1.0, 4.0, 8.0):
+        got = ext.trials("none", f, 0, w, "0.5")  # default key: exact
+        assert got.shape == (len(EXT_SEEDS), N_TRIALS)
+        np.testing.assert_array_equal(got, want)
+    # the trials are those behind the stored means
+    np.testing.assert_array_equal(ext.trials("none", 8.0, 0, w, "0.5").mean(1),
+                                  ext.get("none", 8.0, 0, "passkey_exact", w, "0.5"))
+    # explicit seeds in the order given; the late seed exists at 1 L
+    np.testing.assert_array_equal(
+        ext.trials("none", 2.0, 0, TRAIN_LEN, "1", "gain", seeds=[LATE_SEED, 4]),
+        [_truth_unit(data, "none", 1.0, 0, sd)["passkey"][str(TRAIN_LEN)]["1"]["gain"] for sd in (LATE_SEED, 4)])
+    tuned = ext.trials("none", 2.0, FT_STEPS, 2 * TRAIN_LEN, "0", "gain")
+    assert tuned.shape == (len(TUNED_SEEDS), N_TRIALS)
+    assert not np.array_equal(tuned, ext.trials("none", 2.0, 0, 2 * TRAIN_LEN, "0", "gain", seeds=sorted(TUNED_SEEDS)))
+
+
+def test_extension_without_units_still_reads_means():
+    rows, _ = _extension_data()
+    ext = Extension(_as_csv_strings(rows), {})
+    assert ext.get("yarn", 2.0, 0, "bpb_tail", TRAIN_LEN).shape == (len(EXT_SEEDS),)
+    with pytest.raises(KeyError):
+        ext.blocks("yarn", 2.0, 0, "tail", TRAIN_LEN)
+
+
+def test_extension_round_trip_through_files(tmp_path, ext_case):
+    """save_csv / load_csv and save_result / load_result (the extend command's two files)."""
+    mem, rows, data = ext_case
+    csv_path = save_csv(tmp_path / "extend.csv", rows, CSV_FIELDS, command="python -m companion.lab extend")
+    json_path = save_result(tmp_path / "extend.json", data)
+    prov, loaded = load_csv(csv_path)
+    assert prov["command"] == "python -m companion.lab extend"
+    assert len(loaded) == len(rows)
+    assert all(isinstance(v, str) for r in loaded for v in r.values())  # the format under test
+    assert loaded == _as_csv_strings(rows)
+    ext = Extension(loaded, load_result(json_path)["data"])
+    assert (ext.methods, ext.factors, ext.steps) == (mem.methods, mem.factors, mem.steps)
+    jobs = {(m, f, n) for _, m, f, n, _ in _jobs()}
+    for method, factor, steps in sorted(jobs):
+        for w in set(UNSCALED_LENGTHS):
+            for metric, where in [("bpb_tail", ""), ("sliding_bpb", ""), ("passkey_gain", "0.5"),
+                                  ("entropy", "layer0")]:
+                assert ext.has(method, factor, steps, metric, w, where) == mem.has(method, factor, steps, metric, w,
+                                                                                   where)
+                if not mem.has(method, factor, steps, metric, w, where):
+                    continue
+                assert ext.seeds(method, factor, steps, metric, w, where) == mem.seeds(method, factor, steps, metric,
+                                                                                       w, where)
+                np.testing.assert_array_equal(ext.get(method, factor, steps, metric, w, where),
+                                              [_truth_value(rows, method, factor, steps, metric, w, where, sd)
+                                               for sd in mem.seeds(method, factor, steps, metric, w, where)])
+            if mem.has(method, factor, steps, "bpb_tail", w):
+                for metric in ("tail", "sliding"):
+                    np.testing.assert_array_equal(ext.blocks(method, factor, steps, metric, w),
+                                                  mem.blocks(method, factor, steps, metric, w))
+                for depth, key in itertools.product(EXT_DEPTHS, ("exact", "gain")):
+                    np.testing.assert_array_equal(ext.trials(method, factor, steps, w, depth, key),
+                                                  mem.trials(method, factor, steps, w, depth, key))
+    # the none-at-factor-1 rule holds on the file's strings ("1.0") too
+    np.testing.assert_array_equal(ext.get("none", 4.0, 0, "bpb_tail", 8 * TRAIN_LEN),
+                                  mem.get("none", 1.0, 0, "bpb_tail", 8 * TRAIN_LEN))
+
+
+def test_interval_is_a_plain_value():
+    """difference returns the stats Interval (compared by value above): check that equality is
+    by fields, so `got == want` in these tests compares the five numbers."""
+    x = Interval(0.1, 0.0, 0.2, 0.95, 5)
+    assert x == Interval(*astuple(x)) and x != Interval(0.1, 0.0, 0.2, 0.95, 6)
+
+
+def test_extension_missing_units_raise(ext_case):
+    ext, _, _ = ext_case
+    # an unmeasured job, length or depth is a KeyError that names it, never an empty array
+    with pytest.raises(KeyError, match="no tail blocks at length .* measured"):
+        ext.blocks("yarn", 2.0, FT_STEPS, "tail", TRAIN_LEN)
+    with pytest.raises(KeyError, match="no tail blocks"):
+        ext.blocks("yarn", 2.0, 0, "tail", 4 * TRAIN_LEN, seeds=sorted(EXT_SEEDS))
+    with pytest.raises(KeyError, match="no passkey trials at length .* measured"):
+        ext.trials("pi", 2.0, 0, TRAIN_LEN, "0.25")
+    with pytest.raises(KeyError, match="no per-unit values"):
+        ext.blocks("yarn", 2.0, 0, "tail", TRAIN_LEN, seeds=[LATE_SEED + 100])
+    # a length given as a string is the same length for seeds, blocks and get
+    w = 2 * TRAIN_LEN
+    assert ext.seeds("yarn", 2.0, 0, length=str(w)) == ext.seeds("yarn", 2.0, 0, length=w)
+
+
+def test_sweep_rejects_fractional_lengths_bad_keys_and_duplicates(sweep_case):
+    sw = sweep_case[0]
+    scheme = sw.schemes[0]
+    with pytest.raises(ValueError, match="length must be one of"):
+        sw.blocks(scheme, "tail", sw.lengths[0] + 0.9)
+    with pytest.raises(ValueError, match="key must be one of"):
+        sw.passkey(scheme, "exactt")
+    data = dict(sw.data)
+    data["runs"] = list(data["runs"]) + [data["runs"][0]]
+    with pytest.raises(ValueError, match="two runs of the same scheme and seed"):
+        Sweep(data)
