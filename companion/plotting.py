@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SCHEME_COLORS", "use_book_style", "scheme_color"]
+__all__ = ["SCHEME_COLORS", "SCHEME_MARKERS", "use_book_style", "scheme_color", "scheme_marker", "scheme_style"]
 
 #: One colour per family (colour-blind-safe, after Okabe and Ito).
 SCHEME_COLORS: dict[str, str] = {
@@ -17,7 +17,7 @@ SCHEME_COLORS: dict[str, str] = {
     "sinusoidal": "#0072B2",
     "learned": "#56B4E9",
     "shaw": "#009E73",
-    "xl": "#33a02c",
+    "xl": "#999933",
     "t5": "#E69F00",
     "rope": "#D55E00",
     "alibi": "#CC79A7",
@@ -35,6 +35,19 @@ SCHEME_COLORS: dict[str, str] = {
     "mixed": "#6A3D9A",
     "m-rope": "#B15928",
     "reference": "#000000",
+}
+
+#: One marker per scheme of chapter 8's comparison (every other scheme gets a circle), so
+#: that curves stay apart in print and for readers who do not see the colours.
+SCHEME_MARKERS: dict[str, str] = {
+    "nope": "o",
+    "sinusoidal": "v",
+    "learned": "^",
+    "shaw": "s",
+    "xl": "D",
+    "t5": "P",
+    "rope": "X",
+    "alibi": "*",
 }
 
 _STYLE: dict[str, Any] = {
@@ -74,3 +87,14 @@ def scheme_color(name: str) -> str:
     if key not in SCHEME_COLORS:
         raise ValueError(f"unknown scheme family {name!r}; known: {sorted(SCHEME_COLORS)}")
     return SCHEME_COLORS[key]
+
+
+def scheme_marker(name: str) -> str:
+    """The marker of a scheme (``"o"`` for one without its own), e.g. ``scheme_marker("xl")``."""
+    scheme_color(name)  # the same unknown-name error
+    return SCHEME_MARKERS.get(name.lower(), "o")
+
+
+def scheme_style(name: str) -> dict[str, str]:
+    """``{"color": ..., "marker": ...}`` of a scheme, for ``ax.plot(..., **scheme_style(s))``."""
+    return {"color": scheme_color(name), "marker": scheme_marker(name)}

@@ -7,7 +7,7 @@ import torch
 
 from companion import MultiHeadAttention, NoPE, TinyDecoder, load_result, provenance, save_result, seed_everything
 from companion.utils import peak_tensor_bytes
-from companion.plotting import SCHEME_COLORS, scheme_color, use_book_style
+from companion.plotting import SCHEME_COLORS, SCHEME_MARKERS, scheme_color, scheme_marker, scheme_style, use_book_style
 
 
 def test_decoder_is_causal():
@@ -99,6 +99,16 @@ def test_book_style():
     assert scheme_color("RoPE") == SCHEME_COLORS["rope"]
     with pytest.raises(ValueError, match="unknown scheme family 'xyz'"):
         scheme_color("xyz")
+
+
+def test_chapter_8_schemes_have_distinct_colours_and_markers():
+    schemes = ["nope", "sinusoidal", "learned", "shaw", "xl", "t5", "rope", "alibi"]
+    assert len({scheme_color(s) for s in schemes}) == len(schemes)
+    assert len({scheme_marker(s) for s in schemes}) == len(schemes) == len(SCHEME_MARKERS)
+    assert scheme_style("XL") == {"color": SCHEME_COLORS["xl"], "marker": SCHEME_MARKERS["xl"]}
+    assert scheme_marker("fire") == "o"  # a scheme without a marker of its own
+    with pytest.raises(ValueError, match="unknown scheme family 'xyz'"):
+        scheme_marker("xyz")
 
 
 def test_peak_tensor_bytes_counts_live_storages():
