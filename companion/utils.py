@@ -170,8 +170,25 @@ def _check_keys(obj: Any, where: str = "data", seen: frozenset[int] = frozenset(
             _check_keys(value, f"{where}[{i}]", seen)
 
 
+def _dumps(obj: Any, depth: int = 0) -> str:
+    """Indented JSON in which a list of numbers, strings or lists of them sits on one line:
+    readable and diffable for records, compact for the long arrays of per-block values."""
+    pad, inner = "  " * depth, "  " * (depth + 1)
+    if isinstance(obj, dict):
+        if not obj:
+            return "{}"
+        items = (f"{inner}{json.dumps(k)}: {_dumps(v, depth + 1)}" for k, v in obj.items())
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    if isinstance(obj, list) and any(isinstance(v, dict) for v in obj):
+        return "[\n" + ",\n".join(inner + _dumps(v, depth + 1) for v in obj) + "\n" + pad + "]"
+    return json.dumps(obj)
+
+
 def save_result(path: str | os.PathLike[str], data: Any, command: str | None = None) -> Path:
     """Write ``{"provenance": ..., "data": data}`` as indented JSON and return the path.
+
+    Records are indented one key per line; lists without records in them (the per-block and
+    per-trial values, say) are written on one line.
 
     Torch tensors (nested ones too) and numpy arrays in ``data`` are written as (nested)
     lists, numpy scalars as Python numbers; ``nan`` and ``inf`` are written as JSON's
@@ -188,7 +205,7 @@ def save_result(path: str | os.PathLike[str], data: Any, command: str | None = N
     _check_keys(data)
     payload = {"provenance": provenance(command), "data": data}
     try:
-        text = json.dumps(payload, indent=2, sort_keys=False, default=_to_json) + "\n"
+        text = _dumps(json.loads(json.dumps(payload, default=_to_json))) + "\n"
     except ValueError as exc:  # json's "Circular reference detected"
         raise ValueError(f"save_result cannot serialise data: {exc}") from exc
     for parent in path.parents:
