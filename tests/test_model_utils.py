@@ -1,6 +1,7 @@
 """The tiny model, the attention layer, seeding, provenance and the plot style."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -89,6 +90,19 @@ def test_result_files_carry_provenance(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"x": 1}))
     with pytest.raises(ValueError, match="is not a result file"):
         load_result(tmp_path / "bad.json")
+
+
+def test_result_files_keep_arrays_on_one_line(tmp_path):
+    data = {"runs": [{"blocks": [1.5, 2.25, 3.0], "grid": [[0, 1], [1, 0]], "empty": {}, "name": "a"}],
+            "nan": [float("nan"), float("inf")], "nested": {"k": [{"x": 1}]}}
+    path = save_result(tmp_path / "r.json", data)
+    text = path.read_text()
+    # a list of numbers, or of lists of numbers, is one line; records stay one key per line
+    assert '"blocks": [1.5, 2.25, 3.0]' in text and '"grid": [[0, 1], [1, 0]]' in text
+    assert '\n        "name": "a"' in text
+    back = load_result(path)["data"]
+    assert back["runs"] == data["runs"] and back["nested"] == data["nested"]
+    assert math.isnan(back["nan"][0]) and back["nan"][1] == float("inf")
 
 
 def test_book_style():
