@@ -43,6 +43,8 @@ from companion import (
 )
 from companion import dispatch
 from companion.dispatch import ATTENTION_PATHS, attention_path, block_size_for, fast_attention
+from companion.lab.schemes import BUILTIN as LAB_SCHEMES
+from companion.lab.schemes import build_scheme
 
 H, D = 4, 8
 
@@ -215,6 +217,10 @@ def test_the_cases_reach_every_path(monkeypatch):
     monkeypatch.setattr(dispatch, "SDPA_GRAD_BIAS_PAIRS", 0)
     q, k, v, *_ = build_case("self-causal", torch.float64)
     seen.add(attention_path(q, k, v, make_scheme(T5RelativeBias), causal=True))
+    # and the query blocks of long evaluations (tests at the end of this file)
+    n = dispatch.QUERY_BLOCK + 1
+    with torch.no_grad():
+        seen.add(attention_path(*shapes(lq=n, lk=n), make_scheme(TransformerXL), causal=True))
     assert seen == set(ATTENTION_PATHS)
 
 
@@ -447,3 +453,149 @@ def test_multi_head_attention_impl_argument():
             MultiHeadAttention(16, H, attention_impl=bad)
         with pytest.raises(ValueError, match="attention_impl must be one of"):
             TinyDecoder(50, 16, H, 1, attention_impl=bad)
+
+
+# ----------------------------------------------------------------------------- query blocks
+
+
+QB = dispatch.QUERY_BLOCK
+
+
+def test_query_block_size():
+    assert QB == 256 and "query-blocks" in ATTENTION_PATHS
+
+
+def test_path_query_blocks_rule(monkeypatch):
+    """"query-blocks": no gradient wanted, causal self-attention over consecutive 1-D
+    positions with the same start, no mask, q_len = k_len > QUERY_BLOCK, and a score hook or
+    a bias hook past SDPA_BIAS_PAIRS; none of the other paths otherwise changes."""
+    n = QB + 1
+    q, k, v = shapes(lq=n, lk=n)
+    shaw, xl, alibi, t5 = ShawRelative(1), TransformerXL(H, 1), ALiBi(H), T5RelativeBias(H, bidirectional=False)
+    with torch.no_grad():
+        for scheme in (shaw, xl):  # a score hook: any length past the block
+            assert attention_path(q, k, v, scheme, causal=True) == "query-blocks"
+            assert attention_path(q, k, v, scheme, torch.arange(5, 5 + n), torch.arange(5, 5 + n),
+                                  causal=True) == "query-blocks"  # consecutive from another start
+            assert attention_path(*shapes(lq=QB, lk=QB), scheme, causal=True) == "reference"  # not past it
+            assert attention_path(q, k, v, scheme, causal=False) == "reference"
+            assert attention_path(q, k, v, scheme, causal=True, return_weights=True) == "reference"
+            mask = torch.ones(n, n, dtype=torch.bool)
+            mask[3, 1] = False
+            assert attention_path(q, k, v, scheme, causal=True, attn_mask=mask) == "reference"
+            assert attention_path(q, k, v, scheme, causal=True, attn_mask=torch.zeros(n, n)) == "reference"
+            assert attention_path(*shapes(lq=n, lk=n + 1), scheme, causal=True) == "reference"  # q_len != k_len
+            gaps = torch.arange(0, 2 * n, 2)
+            assert attention_path(q, k, v, scheme, gaps, gaps, causal=True) == "reference"  # not consecutive
+            assert attention_path(q, k, v, scheme, torch.arange(1, n + 1), torch.arange(n),
+                                  causal=True) == "reference"  # another start for the queries
+            rows = torch.arange(n).expand(1, n)
+            assert attention_path(q, k, v, scheme, rows, rows, causal=True) == "reference"  # per-row positions
+            bad = q.clone()
+            bad[0, 0, 0, 0] = float("nan")
+            assert attention_path(bad, k, v, scheme, causal=True) == "reference"
+        # a bias hook: only past SDPA_BIAS_PAIRS pairs (below, the SDPA float mask is as fast)
+        assert attention_path(q, k, v, alibi, causal=True) == "sdpa-bias"
+        big = shapes(lq=513, lk=513)  # 513^2 > 512^2
+        assert attention_path(*big, alibi, causal=True) == "query-blocks"
+        assert attention_path(*big, t5, causal=True) == "query-blocks"
+        assert attention_path(*shapes(lq=513, lk=512), alibi, causal=True) == "blockwise"
+        assert attention_path(*big, alibi, causal=False) == "blockwise"
+        # rotate or embed schemes have fused SDPA without any bias
+        for scheme in (RotaryEmbedding(2), NoPE(), SinusoidalEmbedding(16)):
+            assert attention_path(*big, scheme, causal=True) == "sdpa-causal"
+        monkeypatch.setattr(dispatch, "SDPA_BIAS_PAIRS", n * n)
+        assert attention_path(q, k, v, alibi, causal=True) == "sdpa-bias"
+        monkeypatch.setattr(dispatch, "SDPA_BIAS_PAIRS", n * n - 1)
+        assert attention_path(q, k, v, alibi, causal=True) == "query-blocks"
+    monkeypatch.undo()
+    # With grad mode on, a scheme parameter or an input that requires a gradient rules it out.
+    assert attention_path(q, k, v, shaw, causal=True) == "reference"
+    assert attention_path(*big, t5, causal=True) == "blockwise"
+    assert attention_path(*big, alibi, causal=True) == "query-blocks"  # nothing needs a gradient
+    qb, kb, vb = big
+    assert attention_path(qb.clone().requires_grad_(), kb, vb, alibi, causal=True) == "blockwise"
+    assert attention_path(qb, kb, vb.clone().requires_grad_(), alibi, causal=True) == "blockwise"
+    assert attention_path(q.clone().requires_grad_(), k, v, shaw.requires_grad_(False), causal=True) == "reference"
+    shaw.requires_grad_(True)
+    shaw.requires_grad_(False)
+    t5.requires_grad_(False)
+    assert attention_path(q, k, v, shaw, causal=True) == "query-blocks"
+    assert attention_path(*big, t5, causal=True) == "query-blocks"
+    assert attention_path(q, k.clone().requires_grad_(), v, shaw, causal=True) == "reference"
+
+
+class GridBias(companion.PositionScheme):
+    """A grid scheme (two position axes) with a bias hook: not for the query-blocks path."""
+
+    position_axes = 2
+
+    def bias(self, q_pos, k_pos):
+        return -(q_pos[:, None, 0] - k_pos[None, :, 0]).abs().double()[None, None]
+
+
+def test_path_query_blocks_not_for_grid_positions():
+    n = QB + 1
+    q, k, v = (t.double() for t in shapes(lq=n, lk=n))
+    grid = torch.stack([torch.arange(n), torch.zeros(n, dtype=torch.long)], -1)
+    with torch.no_grad():
+        assert attention_path(q, k, v, GridBias(), grid, grid, causal=True) == "reference"
+
+
+def _perturbed(name: str):
+    """The lab's scheme ``name`` for 4 heads of 16 dimensions (``build_scheme``, float64); a
+    scheme with a score hook gets parameters far from its small start (CoPE's table starts
+    at zero), so that the score is a large part of the logits."""
+    scheme = build_scheme(name, d_model=64, n_heads=4, max_len=2048, train_len=128).double()
+    if "score" in scheme.hooks():
+        g = torch.Generator().manual_seed(len(name))
+        with torch.no_grad():
+            for p in scheme.parameters():
+                p.add_(0.5 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return scheme
+
+
+def _logit_magnitude(scheme, q, k, pos, scale) -> float:
+    """A bound on |scale * (q_rot . k_rot + score) + bias| (Cauchy-Schwarz for the product)."""
+    qr, kr = scheme.rotate(q, k, pos, pos) if "rotate" in scheme.hooks() else (q, k)
+    m = scale * float(qr.norm(dim=-1).max()) * float(kr.norm(dim=-1).max())
+    if "score" in scheme.hooks():
+        m += scale * float(scheme.score(qr, kr, pos, pos).abs().max())
+    if "bias" in scheme.hooks():
+        m += float(scheme.bias(pos, pos).abs().max())
+    return m
+
+
+@pytest.mark.parametrize("length, start", [(QB + 1, 0), (QB + 1, 37), (600, 37)])
+@pytest.mark.parametrize("name", list(LAB_SCHEMES))
+def test_query_blocks_match_the_reference_for_every_lab_scheme(name, length, start, monkeypatch):
+    """Causal self-attention without a gradient, as the lab evaluates at long lengths, for
+    every built-in lab scheme at lengths that are not multiples of QUERY_BLOCK, positions from 0
+    and from an offset (with grouped keys there), in float64: the reference's output to the
+    module docstring's bound, with m the largest magnitude involved (values, outputs, logits)."""
+    scheme = _perturbed(name)
+    hk = H if start == 0 else 2
+    q = rand(1, H, length, 16, seed=1)
+    k = rand(1, hk, length, 16, seed=2)
+    v = rand(1, hk, length, 16, seed=3)
+    pos = torch.arange(start, start + length)
+    hooks = scheme.hooks()
+    with torch.no_grad():
+        ref = attention(q, k, v, scheme, pos, pos, causal=True)
+        plain = attention(q, k, v, None, causal=True)
+        m = max(float(v.abs().max()), float(ref.abs().max()),
+                _logit_magnitude(scheme, q, k.repeat_interleave(H // hk, 1), pos, 16 ** -0.5))
+        tol = bound(torch.float64, length, magnitude=m, d=16)
+        forcings = [{}] if "bias" not in hooks else [{}, {"SDPA_BIAS_PAIRS": 0}]
+        for forcing in forcings:
+            for key, value in forcing.items():
+                monkeypatch.setattr(dispatch, key, value)
+            path = attention_path(q, k, v, scheme, pos, pos, causal=True)
+            expect = "score" in hooks or ("bias" in hooks and length * length > dispatch.SDPA_BIAS_PAIRS)
+            assert (path == "query-blocks") == expect, (path, forcing)
+            out = fast_attention(q, k, v, scheme, pos, pos, causal=True)
+            assert out.dtype == ref.dtype and out.shape == ref.shape
+            torch.testing.assert_close(out, ref, rtol=0, atol=tol, msg=lambda msg: f"{path}: {msg}")
+            monkeypatch.undo()
+    if "score" in hooks or "bias" in hooks:  # not vacuous: the scheme moves the output
+        assert float((ref - plain).abs().max()) > 1e3 * tol
