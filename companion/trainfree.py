@@ -672,32 +672,31 @@ def lab_bits_per_byte(
     lengths: list[int] | tuple[int, ...],
     method: str,
     *,
-    tokens: int = 1 << 15,
+    windows_per_length: int = 2048,
+    blocks: int = 256,
+    reach: int | None = None,
     tokens_per_batch: int = 1 << 14,
     **params: Any,
-) -> dict[int, dict[str, float]]:
-    """``companion.lab.evaluate.bits_per_byte`` with a training-free method: ``{W: {"all", "tail"}}``.
+) -> dict[int, dict[str, Any]]:
+    """``companion.lab.evaluate.bits_per_byte`` with a training-free method.
 
-    The same windows (``tokens // W`` windows of ``W + 1`` bytes spread evenly over ``data``),
-    the same batching and the same figures (``"all"``: mean bits over every position,
-    ``"tail"``: the last ``min(TAIL, W)``), so the result plots against chapter 8's curves.
-    The lab's tokens are bytes, so bits per token are bits per byte. ``method`` is one of
+    The same windows (``windows_per_length`` windows ending at the same bytes at every
+    length, after the first ``reach`` bytes of ``data``), the same batching and the same
+    figures (``"all"``, ``"tail"`` and their per-block means ``"all_blocks"``,
+    ``"tail_blocks"``), so the result compares with chapter 8's, window by window. The lab's
+    tokens are bytes, so bits per token are bits per byte. ``method`` is one of
     :data:`TRAINFREE_METHODS`; ``params``: ``window`` (and ``leak``) for ``rerope`` /
     ``leaky_rerope``, ``window`` and ``group`` for ``self_extend``, ``n_sink``, ``window``,
     ``chunk`` and ``rerotate`` for ``sinks`` (each window is one stream through a fresh cache).
     """
-    from .lab.data import windows
-    from .lab.evaluate import LN2, TAIL, evenly_spaced_starts
+    from .lab.evaluate import LN2, window_bits
 
     _check_lab_model(model)
     run = _lab_method(method, dict(params))
     model.eval()
-    result = {}
-    for w in lengths:
-        w = check_positive_int(int(w), "lengths")
-        count = max(1, tokens // w)
-        rows = windows(data, evenly_spaced_starts(data.size, w + 1, count), w + 1)
+
+    def bits_fn(rows: Tensor, w: int) -> Tensor:
         per_batch = max(1, tokens_per_batch // w)
-        bits = torch.cat([run(model, part) / LN2 for part in rows.split(per_batch)])
-        result[w] = {"all": float(bits.mean()), "tail": float(bits[:, -min(TAIL, w):].mean())}
-    return result
+        return torch.cat([run(model, part) / LN2 for part in rows.split(per_batch)])
+
+    return window_bits(bits_fn, data, lengths, windows_per_length=windows_per_length, blocks=blocks, reach=reach)

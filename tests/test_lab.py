@@ -9,12 +9,14 @@ known), and the command line, including "bring your own scheme" with a scheme fr
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import platform
 import shutil
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +45,7 @@ from companion.lab import (
 )
 from companion.lab.corpus import EXCLUDED_DIRS, split_of, stdlib_files
 from companion.lab.data import KEY_CLOSE, KEY_DIGITS, KEY_LEN, KEY_OPEN, QUERY_LEN, sample_batch, windows
-from companion.lab.evaluate import evenly_spaced_starts
+from companion.lab.evaluate import evenly_spaced_starts, shared_ends
 from companion.lab.schemes import LABELS
 from companion.model import TinyDecoder
 from companion.utils import load_result
@@ -507,10 +509,19 @@ def test_bits_per_byte_constant_logits_is_8():
     # log_softmax subtracts the max first, so every position's loss is log(256) / ln 2,
     # which is 8.0 in float32 here; the mean of equal numbers is that number. The tolerance
     # allows log(256) and ln 2 to round differently on another machine (2 ulps of 8).
-    for v in bits_per_byte(model, data, [16, 100, 300], tokens=2048).values():
+    res = bits_per_byte(model, data, [16, 100, 300], windows_per_length=32, blocks=4)
+    assert set(res) == {16, 100, 300}
+    for v in res.values():
+        assert set(v) == {"all", "tail", "all_blocks", "tail_blocks"}
         assert v["all"] == pytest.approx(8.0, abs=ULPS_8) and v["tail"] == pytest.approx(8.0, abs=ULPS_8)
-    for v in sliding_bits_per_byte(model, data, [16, 100], scored_tokens=512).values():
-        assert v == pytest.approx(8.0, abs=ULPS_8)
+        for key in ("all_blocks", "tail_blocks"):
+            assert len(v[key]) == 4 and v[key] == pytest.approx([8.0] * 4, abs=ULPS_8)
+    sl = sliding_bits_per_byte(model, data, [16, 100], scored_tokens=512, blocks=8)
+    assert set(sl) == {16, 100}
+    for v in sl.values():
+        assert set(v) == {"sliding", "sliding_blocks"}
+        assert v["sliding"] == pytest.approx(8.0, abs=ULPS_8)
+        assert len(v["sliding_blocks"]) == 8 and v["sliding_blocks"] == pytest.approx([8.0] * 8, abs=ULPS_8)
 
 
 def test_bits_per_byte_windows_score_the_right_positions():
@@ -518,19 +529,25 @@ def test_bits_per_byte_windows_score_the_right_positions():
     model = RampModel(start=40)
     # Exact per position: 8 bits before position 40, 1 bit from 40 on (float32 rounding of
     # log(2 * 255) and the mean: well under 1e-5).
-    res = bits_per_byte(model, data, [32, 64, 128], tokens=4096)
+    res = bits_per_byte(model, data, [32, 64, 128], windows_per_length=32, blocks=4)
     assert res[32]["all"] == pytest.approx(8.0, abs=1e-5)
     assert res[32]["tail"] == pytest.approx(8.0, abs=1e-5)  # the whole window is the tail
     assert res[64]["all"] == pytest.approx((40 * 8 + 24) / 64, abs=1e-5)
     assert res[64]["tail"] == pytest.approx((40 * 8 + 24) / 64, abs=1e-5)
     assert res[128]["all"] == pytest.approx((40 * 8 + 88) / 128, abs=1e-5)
     assert res[128]["tail"] == pytest.approx(1.0, abs=1e-5)  # positions 64..127
+    # every window scores the same positions, so every block has the window's mean
+    for w in (32, 64, 128):
+        for key in ("all", "tail"):
+            assert res[w][f"{key}_blocks"] == pytest.approx([res[w][key]] * 4, abs=1e-5)
     # sliding: stride W / 4, the last W / 4 positions scored (24..31; 48..63; 96..127)
-    sl = sliding_bits_per_byte(model, data, [32, 64, 128], scored_tokens=1024)
-    assert sl[32] == pytest.approx(8.0, abs=1e-5)
-    assert sl[64] == pytest.approx(1.0, abs=1e-5) and sl[128] == pytest.approx(1.0, abs=1e-5)
+    sl = sliding_bits_per_byte(model, data, [32, 64, 128], scored_tokens=1024, blocks=8)
+    assert sl[32]["sliding"] == pytest.approx(8.0, abs=1e-5)
+    assert sl[64]["sliding"] == pytest.approx(1.0, abs=1e-5) and sl[128]["sliding"] == pytest.approx(1.0, abs=1e-5)
+    assert sl[32]["sliding_blocks"] == pytest.approx([8.0] * 8, abs=1e-5)
+    assert sl[128]["sliding_blocks"] == pytest.approx([1.0] * 8, abs=1e-5)
     with pytest.raises(ValueError, match="too short"):
-        sliding_bits_per_byte(model, data[:500], [64], scored_tokens=4096)
+        sliding_bits_per_byte(model, data[:500], [64], scored_tokens=4096, blocks=8)
 
 
 class UnigramLogits(nn.Module):
@@ -541,27 +558,166 @@ class UnigramLogits(nn.Module):
         return torch.linspace(-3.0, 3.0, 256).expand(*idx.shape, 256)
 
 
+def _unigram_bits() -> np.ndarray:
+    """UnigramLogits' loss of each byte value in bits, in float64 (from its float32 logits)."""
+    logits = torch.linspace(-3.0, 3.0, 256).double()
+    return ((torch.logsumexp(logits, 0) - logits) / math.log(2)).numpy()
+
+
+#: How far a float32 mean of UnigramLogits' losses may be from its float64 value. Each loss
+#: (5.4 to 14.1 bits) is a float32 log-softmax of logits in [-3, 3]: a few ulps of 14 (2**-20
+#: each, ~4e-6 for four); torch's CPU sum is a cascade (pairwise) sum, so the mean of at
+#: most 2**13 of them adds about log2(n) = 13 roundings of 2**-24 relative (~1e-5 of 14).
+#: Measured: under 3e-6. The same bytes summed in another order (another length) differ by
+#: the second part only, 1e-5.
+UNIGRAM_F64 = 2e-5
+UNIGRAM_ORDER = 1e-5
+
+
+def test_tail_scores_the_same_bytes_at_every_length():
+    data = np.random.default_rng(0).integers(0, 256, 60_000).astype(np.uint8)
+    model, bits = UnigramLogits(), _unigram_bits()
+    lengths, count, blocks = [64, 128, 256, 512], 64, 8
+    res = bits_per_byte(model, data, lengths, windows_per_length=count, blocks=blocks)
+    # the documented windows: at length W, data[e - W : e + 1] for the shared ends e, and
+    # the tail is the bytes e - 63 .. e at every length
+    ends = shared_ends(data.size, max(lengths), count).numpy()
+    assert len(set(ends.tolist())) == count and ends.min() >= max(lengths) and ends.max() <= data.size - 1
+    tail = bits[np.stack([data[e - 63: e + 1] for e in ends])]  # (count, 64) float64 losses
+    for w in lengths:
+        assert res[w]["tail"] == pytest.approx(tail.mean(), abs=UNIGRAM_F64), w
+        whole = bits[np.stack([data[e - w + 1: e + 1] for e in ends])]
+        assert res[w]["all"] == pytest.approx(whole.mean(), abs=UNIGRAM_F64), w
+        # block b is the mean over windows b * 8 .. b * 8 + 7: consecutive ends
+        assert res[w]["tail_blocks"] == pytest.approx(tail.reshape(blocks, -1).mean(1).tolist(), abs=UNIGRAM_F64)
+        assert res[w]["all_blocks"] == pytest.approx(whole.reshape(blocks, -1).mean(1).tolist(), abs=UNIGRAM_F64)
+        # equal runs of windows: the block means average to the overall mean
+        assert np.mean(res[w]["tail_blocks"]) == pytest.approx(res[w]["tail"], abs=UNIGRAM_ORDER)
+        assert np.mean(res[w]["all_blocks"]) == pytest.approx(res[w]["all"], abs=UNIGRAM_ORDER)
+    tails = [res[w]["tail"] for w in lengths]
+    assert max(tails) - min(tails) < UNIGRAM_ORDER
+    for b in range(blocks):
+        column = [res[w]["tail_blocks"][b] for w in lengths]
+        assert max(column) - min(column) < UNIGRAM_ORDER
+    # "all" covers W bytes, other bytes at each length (the test can tell lengths apart)
+    assert abs(res[512]["all"] - res[64]["all"]) > 100 * UNIGRAM_F64
+    # and they are the bytes at those ends: the same data shifted by one byte puts other
+    # bytes at the ends, which changes the tail by far more than the rounding
+    moved = data[1:]
+    shifted = bits_per_byte(model, moved, lengths, windows_per_length=count, blocks=blocks)
+    moved_tail = bits[np.stack([moved[e - 63: e + 1] for e in shared_ends(moved.size, max(lengths), count)])]
+    assert abs(moved_tail.mean() - tail.mean()) > 20 * UNIGRAM_F64
+    for w in lengths:
+        assert shifted[w]["tail"] == pytest.approx(moved_tail.mean(), abs=UNIGRAM_F64)
+        assert abs(shifted[w]["tail"] - res[w]["tail"]) > 20 * UNIGRAM_F64
+
+
+def test_reach_makes_single_length_calls_score_the_same_windows():
+    data = np.random.default_rng(1).integers(0, 256, 20_000).astype(np.uint8)
+    lengths, kw = [16, 64, 200], dict(windows_per_length=32, blocks=4)
+    for model in (RampModel(start=40), UnigramLogits()):  # UnigramLogits' joint is used below
+        joint = bits_per_byte(model, data, lengths, **kw)
+        assert joint == bits_per_byte(model, data, lengths, reach=200, **kw)  # the default reach
+        for w in lengths:
+            # the same rows through the same batches: the same floats, bit for bit
+            assert bits_per_byte(model, data, [w], reach=200, **kw) == {w: joint[w]}
+    # without it a single length's ends start after its own context: other bytes
+    alone = bits_per_byte(UnigramLogits(), data, [64], **kw)
+    assert abs(alone[64]["tail"] - joint[64]["tail"]) > 100 * UNIGRAM_F64
+    # a longer reach moves the ends (and keeps them shared by the lengths)
+    far = bits_per_byte(UnigramLogits(), data, lengths, reach=5000, **kw)
+    assert abs(far[64]["tail"] - joint[64]["tail"]) > 100 * UNIGRAM_F64
+    assert max(far[w]["tail"] for w in (64, 200)) - min(far[w]["tail"] for w in (64, 200)) < UNIGRAM_ORDER
+
+
+def test_bits_per_byte_argument_errors():
+    data, model = _text(2000), ConstantLogits()
+    with pytest.raises(ValueError, match=r"blocks \(5\) must divide windows_per_length \(32\)"):
+        bits_per_byte(model, data, [16], windows_per_length=32, blocks=5)
+    with pytest.raises(ValueError, match="blocks"):
+        bits_per_byte(model, data, [16], windows_per_length=32, blocks=0)
+    with pytest.raises(ValueError, match="windows_per_length"):
+        bits_per_byte(model, data, [16], windows_per_length=0, blocks=1)
+    with pytest.raises(ValueError, match=r"reach \(63\) must be at least the longest length \(64\)"):
+        bits_per_byte(model, data, [16, 64], windows_per_length=32, blocks=4, reach=63)
+    with pytest.raises(ValueError, match="lengths must hold at least one length"):
+        bits_per_byte(model, data, [], windows_per_length=32, blocks=4)
+    with pytest.raises(ValueError, match="lengths"):
+        bits_per_byte(model, data, [16, 0], windows_per_length=32, blocks=4)
+    # distinct ends after the first `reach` bytes: data.size - reach of them at most
+    assert shared_ends(2000, 1968, 32).tolist() == list(range(1968, 2000))
+    assert len(bits_per_byte(model, data, [1968], windows_per_length=32, blocks=4)[1968]["tail_blocks"]) == 4
+    with pytest.raises(ValueError, match=r"data \(2000 bytes\) is too short for 32 windows .* at most 31"):
+        bits_per_byte(model, data, [1969], windows_per_length=32, blocks=4)
+    with pytest.raises(ValueError, match="too short"):
+        bits_per_byte(model, data, [16], windows_per_length=32, blocks=4, reach=1990)
+    with pytest.raises(ValueError, match="blocks"):
+        sliding_bits_per_byte(model, data, [16], scored_tokens=64, blocks=0)
+    with pytest.raises(ValueError, match="lengths must hold at least one length"):
+        sliding_bits_per_byte(model, data, [], scored_tokens=64, blocks=4)
+
+
 def test_sliding_scores_the_same_bytes_at_every_length():
     data = np.random.default_rng(0).integers(0, 256, 60_000).astype(np.uint8)
-    model = UnigramLogits()
-    sl = sliding_bits_per_byte(model, data, [32, 64, 128, 256], scored_tokens=2048)
-    # identical multisets of bytes: only the order of the float32 sums differs (~1e-6 of ~8)
-    assert max(sl.values()) - min(sl.values()) < 1e-5
+    model, bits = UnigramLogits(), _unigram_bits()
+    lengths, blocks, scored = [32, 64, 128, 256], 8, 2048
+    sl = sliding_bits_per_byte(model, data, lengths, scored_tokens=scored, blocks=blocks)
+    # identical multisets of bytes: only the order of the float32 sums differs
+    means = [sl[w]["sliding"] for w in lengths]
+    assert max(means) - min(means) < UNIGRAM_ORDER
+    # ... stretch by stretch too: each block is one stretch of scored // blocks bytes
+    span = scored // blocks
+    for b in range(blocks):
+        column = [sl[w]["sliding_blocks"][b] for w in lengths]
+        assert max(column) - min(column) < UNIGRAM_ORDER
+    for w in lengths:
+        assert len(sl[w]["sliding_blocks"]) == blocks
+        assert np.mean(sl[w]["sliding_blocks"]) == pytest.approx(sl[w]["sliding"], abs=UNIGRAM_ORDER)
+    # Each block is the mean of one stretch data[s + 1 : s + span + 1] (the predictions of
+    # the windows ending s + S, s + 2 S, ...), the stretches spread evenly, in order, after
+    # the longest context (s >= 256): at the documented spacing, give or take a byte of rounding.
+    reach = max(span, 256 // 4)
+    free = data.size - max(lengths) - reach - 1
+    for b, got in enumerate(sl[32]["sliding_blocks"]):
+        near = round(max(lengths) + b * free / (blocks - 1))
+        options = [bits[data[s + 1: s + span + 1]].mean() for s in range(max(max(lengths), near - 1), near + 2)]
+        assert min(abs(got - o) for o in options) < UNIGRAM_F64, b
     # and they are not the bytes at the front of the data: a shifted copy changes the result
     # unless the stretches move with it (the stretches start after the longest context)
-    shifted = sliding_bits_per_byte(model, data[1000:], [32, 64, 128, 256], scored_tokens=2048)
-    assert abs(shifted[32] - sl[32]) > 1e-4
+    shifted = sliding_bits_per_byte(model, data[1000:], lengths, scored_tokens=scored, blocks=blocks)
+    assert abs(shifted[32]["sliding"] - sl[32]["sliding"]) > 1e-4
+
+
+def test_sliding_reach_makes_single_length_calls_score_the_same_bytes():
+    data = np.random.default_rng(2).integers(0, 256, 20_000).astype(np.uint8)
+    lengths, kw = [32, 64, 128], dict(scored_tokens=1024, blocks=8)
+    for model in (RampModel(start=40), UnigramLogits()):  # UnigramLogits' joint is used below
+        joint = sliding_bits_per_byte(model, data, lengths, **kw)
+        assert joint == sliding_bits_per_byte(model, data, lengths, reach=128, **kw)  # the default reach
+        for w in lengths:
+            assert sliding_bits_per_byte(model, data, [w], reach=128, **kw) == {w: joint[w]}
+    # without it a single length's stretches start after its own context: other bytes
+    alone = sliding_bits_per_byte(UnigramLogits(), data, [32], **kw)
+    assert abs(alone[32]["sliding"] - joint[32]["sliding"]) > 100 * UNIGRAM_F64
+    with pytest.raises(ValueError, match=r"reach \(64\) must be at least the longest length \(128\)"):
+        sliding_bits_per_byte(UnigramLogits(), data, lengths, reach=64, **kw)
 
 
 class KeyOracle(nn.Module):
     """Finds the key (``KEY_OPEN`` five digits ``KEY_CLOSE``) in each row and, at the query
     (the row's last ``KEY_OPEN``), predicts each next digit as the key's with probability
-    ``p`` and each of the 9 other digits with ``(1 - p) / 9``; non-digits get ~0."""
+    ``p`` and each of the 9 other digits with ``(1 - p) / 9``; non-digits get ~0. It records
+    where each row's key sat and its digits, row by row in the order it saw them."""
 
     def __init__(self, p: float) -> None:
         super().__init__()
         self.p = p
         self.key_at: list[int] = []
+        self.keys: list[list[int]] = []
+
+    def predicted(self, key: list[int]) -> list[int]:
+        """The digits it puts probability ``p`` on, given the key's."""
+        return key
 
     def forward(self, idx):
         digit_logits = torch.full((10,), math.log((1 - self.p) / 9))
@@ -570,13 +726,25 @@ class KeyOracle(nn.Module):
             opens = [i for i, t in enumerate(row) if t == KEY_OPEN]
             key = next(i for i in opens if row[i + 1 + KEY_DIGITS] == KEY_CLOSE)
             self.key_at.append(key)
+            self.keys.append(row[key + 1: key + 1 + KEY_DIGITS])
+            guess = self.predicted(self.keys[-1])
             query = opens[-1]
             for j in range(KEY_DIGITS):
                 t = query + j
                 if t < len(row):
                     logits[b, t, ord("0"): ord("9") + 1] = digit_logits
-                    logits[b, t, row[key + 1 + j]] = math.log(self.p)
+                    logits[b, t, guess[j]] = math.log(self.p)
         return logits
+
+
+class ParityOracle(KeyOracle):
+    """KeyOracle that copies a key only when its first digit is even; otherwise it is sure of
+    the next digit up (mod 10) at each place, so the trial is never exact."""
+
+    def predicted(self, key: list[int]) -> list[int]:
+        if (key[0] - ord("0")) % 2 == 0:
+            return key
+        return [ord("0") + (d - ord("0") + 1) % 10 for d in key]
 
 
 def test_passkey_retrieval_oracle():
@@ -590,6 +758,7 @@ def test_passkey_retrieval_oracle():
     assert oracle.key_at == expected_at
     bit_gap = math.log2(p) - math.log2((1 - p) / 9)  # = log2 9: the cost of a wrong key, per digit
     n = KEY_DIGITS * trials
+    assert np.shape(res["gain_trials"]) == np.shape(res["exact_trials"]) == (len(lengths), len(depths), trials)
     for i in range(len(lengths)):
         for j in range(len(depths)):
             # matching key: -log2 p per digit (float32 log-softmax of probabilities summing
@@ -603,12 +772,53 @@ def test_passkey_retrieval_oracle():
             assert agree == pytest.approx(round(agree), abs=1e-3)
             assert 0 <= round(agree) <= 0.3 * n
             assert res["control_bits"][i][j] - res["bits"][i][j] == pytest.approx(res["gain"][i][j], abs=1e-12)
+            # Trial by trial: the same rule with 5 digits, and the trials average to the cell
+            # (float32 means of values up to ~3 bits: a few ulps, 1e-5 is ample).
+            per_trial = res["gain_trials"][i][j]
+            assert all(type(g) is float for g in per_trial)
+            agree_t = [(1 - g / bit_gap) * KEY_DIGITS for g in per_trial]
+            assert agree_t == pytest.approx([round(a) for a in agree_t], abs=1e-4)
+            assert sum(round(a) for a in agree_t) == round(agree)  # the same agreeing digits
+            assert all(0 <= round(a) < KEY_DIGITS for a in agree_t)  # the control is never the key
+            assert np.mean(per_trial) == pytest.approx(res["gain"][i][j], abs=1e-5)
+            assert res["exact_trials"][i][j] == [1] * trials
+            assert all(type(x) is int for x in res["exact_trials"][i][j])
     mean_gain = np.mean(res["gain"])
     assert 0.8 * bit_gap < mean_gain < bit_gap  # near 0.9 * log2 9 = 2.85 bits per digit
     # A confident copier pays more for the control's wrong key: the gain is not bounded by
     # log2 10 (p = 0.999: 0.9 * log2(9 * 999) = 11.8 bits per digit).
     confident = passkey_retrieval(KeyOracle(0.999), data, [32], [0.5], trials=trials, seed=3)
     assert confident["gain"][0][0] > 3 * math.log2(10)
+
+
+def test_passkey_trials_record_each_trial():
+    data = _text(20_000)
+    p, trials, lengths, depths = 0.5, 16, [32, 64], [0.0, 1.0]
+    oracle = ParityOracle(p)
+    res = passkey_retrieval(oracle, data, lengths, depths, trials=trials, seed=7)
+    assert np.shape(res["gain_trials"]) == np.shape(res["exact_trials"]) == (2, 2, trials)
+    # The oracle saw each cell's true windows, then its controls (one batch each here), so
+    # trial t's true key is keys[2 * trials * cell + t]: exact iff its first digit is even.
+    bit_gap = math.log2(9.0)
+    for cell, (i, j) in enumerate((i, j) for i in range(2) for j in range(2)):
+        keys = oracle.keys[2 * trials * cell: 2 * trials * cell + trials]
+        even = [int((k[0] - ord("0")) % 2 == 0) for k in keys]
+        assert res["exact_trials"][i][j] == even
+        assert all(type(x) is int for x in res["exact_trials"][i][j])
+        assert 0 < sum(even) < trials  # a mix, so the per-trial record is tested
+        # the exact-match rate is the mean of the trials (float32 of k / trials)
+        assert res["exact"][i][j] == pytest.approx(sum(even) / trials, abs=1e-7)
+        gains = res["gain_trials"][i][j]
+        assert np.mean(gains) == pytest.approx(res["gain"][i][j], abs=1e-5)
+        for t, g in enumerate(gains):
+            if not even[t]:
+                # sure of a wrong digit at every place: 5 digits at -log2((1 - p) / 9) for the
+                # true key; its control (another key) may hit some digits by luck
+                assert g <= 1e-5
+            else:
+                assert 0 < g <= bit_gap + 1e-5
+    with pytest.raises(ValueError, match="trials"):
+        passkey_retrieval(oracle, data, [32], [0.5], trials=0)
 
 
 def test_passkey_retrieval_content_blind_model_gains_nothing():
@@ -618,6 +828,8 @@ def test_passkey_retrieval_content_blind_model_gains_nothing():
     assert res["gain"] == [[0.0, 0.0], [0.0, 0.0]]
     assert res["bits"] == res["control_bits"]
     assert res["exact"] == [[0.0, 0.0], [0.0, 0.0]]  # argmax is byte 0, never a digit
+    assert res["gain_trials"] == [[[0.0] * 4] * 2] * 2
+    assert res["exact_trials"] == [[[0] * 4] * 2] * 2
     with pytest.raises(ValueError, match=f"lengths must be at least {KEY_LEN + QUERY_LEN}"):
         passkey_retrieval(ConstantLogits(), data, [KEY_LEN + QUERY_LEN - 1], [0.5])
 
@@ -691,6 +903,101 @@ def test_evaluate_model_refuses_lengths_past_max_len(stdlib):
         evaluate_model(ConstantLogits(), cfg, EvalConfig(multiples=[1], passkey_multiples=[3]), stdlib)
 
 
+#: A small evaluation: 8 windows in 4 blocks, 4 sliding stretches of 16 bytes, 3 trials.
+SMALL_EV = dict(multiples=[1, 2], windows=8, blocks=4, sliding_tokens=64, passkey_multiples=[1],
+                passkey_depths=[0.0, 0.5], passkey_trials=3, entropy_windows=1)
+
+
+def _is_4_decimals(values) -> bool:
+    return all(type(v) is float and v == round(v, 4) for v in values)
+
+
+def test_evaluate_model_layout_with_blocks_and_trials(stdlib):
+    from companion.lab.train import build_model
+    cfg = TrainConfig(**{**TINY, "max_len": 128})
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    ev = EvalConfig(**{**SMALL_EV, "multiples": [1, 4]})  # 128 > TAIL: the tail is not the window
+    out = evaluate_model(model, cfg, ev, stdlib)
+    assert set(out) == {"eval", "eval_seconds"} and out["eval_seconds"] > 0
+    e = out["eval"]
+    assert json.loads(json.dumps(e)) == e  # plain JSON: string keys, lists, numbers
+    assert set(e) == {"lengths", "bpb", "sliding_bpb", "blocks", "passkey", "entropy"}
+    assert e["lengths"] == [32, 128]
+    keys = {"32", "128"}
+    assert set(e["bpb"]) == keys and all(set(v) == {"all", "tail"} for v in e["bpb"].values())
+    assert set(e["sliding_bpb"]) == keys and all(type(v) is float for v in e["sliding_bpb"].values())
+    assert set(e["blocks"]) == {"all", "tail", "sliding"}
+    # the means are those of the evaluations themselves (the same computation, bit for bit),
+    # and the blocks are theirs rounded to 4 decimals
+    val = stdlib.val
+    bpb = bits_per_byte(model, val, [32, 128], windows_per_length=8, blocks=4)
+    sl = sliding_bits_per_byte(model, val, [32, 128], scored_tokens=64, blocks=4)
+    assert bpb[128]["tail_blocks"] != bpb[128]["all_blocks"]
+    for w in (32, 128):
+        assert e["bpb"][str(w)] == {"all": bpb[w]["all"], "tail": bpb[w]["tail"]}
+        assert e["sliding_bpb"][str(w)] == sl[w]["sliding"]
+        for name, full in (("all", bpb[w]["all_blocks"]), ("tail", bpb[w]["tail_blocks"]),
+                           ("sliding", sl[w]["sliding_blocks"])):
+            got = e["blocks"][name][str(w)]
+            assert len(got) == 4 and _is_4_decimals(got)
+            assert got == [round(v, 4) for v in full]
+        # rounding moves each block by at most 5e-5, so their mean stays that close to the mean
+        assert np.mean(e["blocks"]["tail"][str(w)]) == pytest.approx(e["bpb"][str(w)]["tail"], abs=6e-5)
+        assert np.mean(e["blocks"]["sliding"][str(w)]) == pytest.approx(e["sliding_bpb"][str(w)], abs=6e-5)
+    pk = e["passkey"]
+    assert pk["lengths"] == [32] and pk["depths"] == [0.0, 0.5]
+    assert set(pk) == {"lengths", "depths", "bits", "control_bits", "gain", "exact", "gain_trials", "exact_trials"}
+    assert np.shape(pk["gain"]) == (1, 2)
+    assert np.shape(pk["gain_trials"]) == np.shape(pk["exact_trials"]) == (1, 2, 3)
+    raw = passkey_retrieval(model, val, [32], [0.0, 0.5], trials=3, seed=cfg.seed)
+    for j in range(2):
+        assert _is_4_decimals(pk["gain_trials"][0][j])
+        assert pk["gain_trials"][0][j] == [round(g, 4) for g in raw["gain_trials"][0][j]]
+        assert pk["exact_trials"][0][j] == raw["exact_trials"][0][j]
+        assert set(pk["exact_trials"][0][j]) <= {0, 1}
+        assert pk["gain"][0][j] == raw["gain"][0][j]
+    assert set(e["entropy"]) == keys and all(len(v) == 1 for v in e["entropy"].values())  # one layer
+
+
+def test_run_job_reuses_a_finished_record(tmp_path, monkeypatch):
+    import companion.lab.sweep as sweep
+    cfg = TrainConfig(scheme="rope", steps=2, warmup=1, **TINY)
+    ev = EvalConfig(**SMALL_EV)
+    calls = []
+    real = sweep.evaluate_model
+
+    def counting(*args, **kwargs):
+        calls.append(args[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sweep, "evaluate_model", counting)
+    first = sweep.run_job(cfg, ev, str(tmp_path))
+    assert len(calls) == 1 and "provenance" not in first and "eval_config" not in first
+    ckpt = sweep.checkpoint_path(tmp_path, cfg)
+    cached = sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".json")
+    assert len(cached) == 1 and cached[0].startswith(ckpt.stem + ".eval-")
+    assert json.loads((tmp_path / cached[0]).read_text())["eval_config"] == asdict(ev)
+    # the same configs again: the stored record, without evaluating (or training) again
+    again = sweep.run_job(cfg, ev, str(tmp_path))
+    assert len(calls) == 1
+    assert again == json.loads(json.dumps(first))
+    # another evaluation config is another record (and the first one stays)
+    other = EvalConfig(**{**SMALL_EV, "windows": 4})
+    third = sweep.run_job(cfg, other, str(tmp_path))
+    assert len(calls) == 2 and calls[-1] == other
+    assert third["eval"] != first["eval"] and third["log"] == first["log"]
+    assert len([p for p in tmp_path.iterdir() if p.suffix == ".json"]) == 2
+    assert sweep.run_job(cfg, ev, str(tmp_path)) == again and len(calls) == 2
+    # a record is reused only beside its checkpoint: without it the job runs again
+    ckpt.unlink()
+    sweep.run_job(cfg, ev, str(tmp_path))
+    assert len(calls) == 3
+    # no checkpoint_dir: nothing stored, always evaluated
+    sweep.run_job(cfg, ev, None)
+    assert len(calls) == 4
+
+
 # ---------------------------------------------------------------------------------------
 # command line
 
@@ -698,7 +1005,7 @@ def test_evaluate_model_refuses_lengths_past_max_len(stdlib):
 TINY_FLAGS = ["--d-model", "16", "--n-heads", "2", "--n-layers", "1", "--seq-len", "32",
               "--batch-size", "4", "--max-len", "64", "--warmup", "1"]
 EVAL_FLAGS = ["--multiples", "1", "2", "--passkey-multiples", "1", "--passkey-depths", "0.5",
-              "--passkey-trials", "2", "--tokens", "256", "--sliding-tokens", "64",
+              "--passkey-trials", "2", "--windows", "8", "--blocks", "4", "--sliding-tokens", "64",
               "--entropy-windows", "1"]
 
 
@@ -729,18 +1036,26 @@ def test_cli_sweep_with_a_user_scheme(tmp_path):
         assert run["config"]["steps"] == 3 and run["config"]["d_model"] == 16
         assert run["log"][-1]["step"] == 3 and math.isfinite(run["log"][-1]["loss"])
         ev = run["eval"]
-        assert set(ev) == {"lengths", "bpb", "sliding_bpb", "passkey", "entropy"}
+        assert set(ev) == {"lengths", "bpb", "sliding_bpb", "blocks", "passkey", "entropy"}
         assert ev["lengths"] == [32, 64]
         assert set(ev["bpb"]) == {"32", "64"} and set(ev["bpb"]["32"]) == {"all", "tail"}
         assert set(ev["sliding_bpb"]) == {"32", "64"}
+        # --blocks 4: four units per metric and length
+        assert {k: {w: len(v) for w, v in per.items()} for k, per in ev["blocks"].items()} == \
+            {k: {"32": 4, "64": 4} for k in ("all", "tail", "sliding")}
         assert ev["passkey"]["lengths"] == [32] and ev["passkey"]["depths"] == [0.5]
         assert np.shape(ev["passkey"]["gain"]) == (1, 1)
+        assert np.shape(ev["passkey"]["gain_trials"]) == np.shape(ev["passkey"]["exact_trials"]) == (1, 1, 2)
         assert all(len(v) == 1 for v in ev["entropy"].values())  # one layer
         # 3 steps from a near-uniform start: still near 8 bits per byte, and finite
         assert all(6.0 < v["all"] < 8.5 for v in ev["bpb"].values())
-    ckpts = sorted(p.name for p in (tmp_path / "ck").iterdir())
+    assert data["eval_config"]["windows"] == 8 and data["eval_config"]["blocks"] == 4
+    ckpts = sorted(p.name for p in (tmp_path / "ck").iterdir() if p.suffix == ".pt")
     assert len(ckpts) == 2
-    user_ckpt = next(p for p in (tmp_path / "ck").iterdir() if "LongBaseRotary" in p.name)
+    # each job's record is kept beside its checkpoint, for a rerun to reuse
+    records = sorted(p.name for p in (tmp_path / "ck").iterdir() if p.suffix == ".json")
+    assert [r.split(".eval-")[0] + ".pt" for r in records] == ckpts
+    user_ckpt = next(p for p in (tmp_path / "ck").iterdir() if "LongBaseRotary" in p.name and p.suffix == ".pt")
     model, _ = load_checkpoint(user_ckpt)
     assert type(model.scheme) is lab_user_scheme.LongBaseRotary
 

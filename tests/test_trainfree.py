@@ -471,19 +471,38 @@ def test_lab_forward_plain_and_wide_windows_equal_the_model(lab_model):
 def test_lab_bits_per_byte_matches_the_lab_evaluation(lab_model):
     data = np.random.default_rng(0).integers(0, 256, 5000).astype(np.uint8)
     lengths = [16, 32]
-    ref = bits_per_byte(lab_model, data, lengths, tokens=256, tokens_per_batch=128)
+    # one block per window, so the block means compare the windows one by one
+    kw = dict(windows_per_length=8, blocks=8, tokens_per_batch=128)
+    ref = bits_per_byte(lab_model, data, lengths, **kw)
+    assert ref == bits_per_byte(lab_model, data, lengths, reach=32, **kw)  # reach: max(lengths) by default
     wide = {"rerope": {"window": 64}, "leaky_rerope": {"window": 64, "leak": 2.0},
             "self_extend": {"window": 64, "group": 4}, "sinks": {"n_sink": 4, "window": 64, "chunk": 8}}
     for method, params in wide.items():
-        got = tf.lab_bits_per_byte(lab_model, data, lengths, method, tokens=256, tokens_per_batch=128, **params)
+        got = tf.lab_bits_per_byte(lab_model, data, lengths, method, **kw, **params)
         assert set(got) == set(ref)
         for w in lengths:
+            assert set(got[w]) == {"all", "tail", "all_blocks", "tail_blocks"}
             for key in ("all", "tail"):
                 assert got[w][key] == pytest.approx(ref[w][key], abs=BITS32), (method, w, key)
-    narrow = tf.lab_bits_per_byte(lab_model, data, lengths, "rerope", tokens=256, window=4)
+            for key in ("all_blocks", "tail_blocks"):  # window for window (a mean of per-position
+                assert len(got[w][key]) == 8  # losses each within BITS32 is within BITS32)
+                assert got[w][key] == pytest.approx(ref[w][key], abs=BITS32), (method, w, key)
+            # one length at a time, with the reach of the joint call: the same windows
+            single = tf.lab_bits_per_byte(lab_model, data, [w], method, reach=max(lengths), **kw, **params)
+            assert single == {w: got[w]}, (method, w)
+    # without the reach a single length's windows end elsewhere (the comparison can tell)
+    alone = tf.lab_bits_per_byte(lab_model, data, [16], "rerope", window=64, **kw)
+    assert max(abs(a - b) for a, b in zip(alone[16]["all_blocks"], ref[16]["all_blocks"])) > 1e-3
+    narrow = tf.lab_bits_per_byte(lab_model, data, lengths, "rerope", windows_per_length=8, blocks=8, window=4)
     assert abs(narrow[32]["all"] - ref[32]["all"]) > 1e-5
+    assert max(abs(a - b) for a, b in zip(narrow[32]["all_blocks"], ref[32]["all_blocks"])) > 1e-5
     with pytest.raises(ValueError, match="method must be one of"):
         tf.lab_bits_per_byte(lab_model, data, lengths, "yarn")
+    with pytest.raises(ValueError, match=r"blocks \(3\) must divide windows_per_length \(8\)"):
+        tf.lab_bits_per_byte(lab_model, data, lengths, "rerope", windows_per_length=8, blocks=3, window=64)
+    with pytest.raises(ValueError, match="reach"):
+        tf.lab_bits_per_byte(lab_model, data, lengths, "rerope", windows_per_length=8, blocks=8, reach=16,
+                             window=64)
 
 
 def test_lab_forward_rejects_other_models(lab_model):

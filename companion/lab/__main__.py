@@ -6,8 +6,9 @@ Examples::
     python -m companion.lab train --scheme rope --seed 0 --checkpoint runs/rope.pt --out rope.json
     # evaluate a saved checkpoint again
     python -m companion.lab eval --checkpoint runs/rope.pt --out rope-eval.json
-    # the chapter's full sweep (every scheme, two seeds, two worker processes)
-    python -m companion.lab sweep --schemes all --seeds 0 1 --workers 2 --out chapters/data/08_sweep.json
+    # chapter 8's sweep: eight schemes, five seeds (three for three of them), two worker processes
+    python -m companion.lab sweep --schemes xl shaw nope learned sinusoidal t5 rope alibi --seeds 0 1 2 3 4 \
+        --seeds-per-scheme shaw=3 learned=3 sinusoidal=3 --workers 2 --out chapters/data/08_sweep.json
     # chapter 9: every RoPE scaling method at 2x, 4x, 8x, without and with a short fine-tune
     python -m companion.lab extend --seeds 0 1 --factors 2 4 8 --finetune-steps 0 200 \
         --out chapters/data/09_extension.csv --json chapters/data/09_extension.json
@@ -28,6 +29,7 @@ import argparse
 import shlex
 import sys
 from dataclasses import fields
+from pathlib import Path
 
 import torch
 
@@ -83,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     p_sweep.add_argument("--schemes", nargs="+", default=["all"],
                          help=f"built-in names {list(BUILTIN)}, 'all', or package.module:ClassName")
     p_sweep.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p_sweep.add_argument("--seeds-per-scheme", nargs="+", default=[], metavar="SCHEME=N",
+                         help="run SCHEME with seeds 0 .. N-1 instead of --seeds (for example shaw=3)")
     p_sweep.add_argument("--workers", type=int, default=2)
     p_sweep.add_argument("--checkpoint-dir", default="runs/lab")
     p_sweep.add_argument("--out", default=None)
@@ -96,6 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     p_ext.add_argument("--methods", nargs="+", default=["all"], help=f"{list(METHODS)} or 'all'")
     p_ext.add_argument("--factors", type=float, nargs="+", default=[2.0, 4.0, 8.0])
     p_ext.add_argument("--finetune-steps", type=int, nargs="+", default=[0, 200])
+    p_ext.add_argument("--finetune-methods", nargs="+", default=None,
+                       help="methods fine-tuned at --finetune-steps > 0 (default: --methods)")
+    p_ext.add_argument("--finetune-seeds", type=int, nargs="+", default=None,
+                       help="seeds whose models get the --finetune-steps jobs (default: --seeds)")
+    p_ext.add_argument("--extra-steps", type=int, nargs="+", default=[],
+                       help="more fine-tune lengths, run only at --extra-factors for --extra-methods")
+    p_ext.add_argument("--extra-factors", type=float, nargs="+", default=[4.0])
+    p_ext.add_argument("--extra-methods", nargs="+", default=None, help="default: --methods")
     p_ext.add_argument("--workers", type=int, default=2)
     p_ext.add_argument("--out", required=True, help="CSV file of the measurements (with provenance)")
     p_ext.add_argument("--json", default=None, help="JSON file for the LongRoPE searches and fine-tune logs")
@@ -108,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     p_tf.add_argument("--checkpoint-dir", default="runs/lab")
     p_tf.add_argument("--methods", nargs="+", default=["all"], help="names of companion.lab.trainfree_lab.LAB_TRAINFREE or 'all'")
     p_tf.add_argument("--multiples", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    p_tf.add_argument("--tokens", type=int, default=1 << 15)
+    p_tf.add_argument("--windows", type=int, default=2048, help="windows per length (each scores its last 64 bytes)")
     p_tf.add_argument("--workers", type=int, default=2)
     p_tf.add_argument("--out", required=True, help="JSON file of the results (with provenance)")
     _add_dataclass_options(p_tf, TrainConfig, skip=("scheme", "seed"))
@@ -145,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         configs = [TrainConfig(scheme="rope", seed=seed, **base) for seed in ns.seeds]
         paths = [str(checkpoint_path(ns.checkpoint_dir, c)) for c in configs]
         train_missing(configs, paths, workers=ns.workers)
-        result = run_trainfree(paths, ns.multiples, tokens=ns.tokens,
+        result = run_trainfree(paths, ns.multiples, windows_per_length=ns.windows,
                                names=None if ns.methods == ["all"] else ns.methods)
         save_result(ns.out, result, command=command)
         print(f"trainfree: {len(paths)} models in {result['wall_seconds']:.0f} s -> {ns.out}")
@@ -156,7 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         train_missing(configs, paths, workers=ns.workers)
         methods = list(METHODS) if ns.methods == ["all"] else ns.methods
         result = run_extension(paths, methods, ns.factors, ns.finetune_steps,
-                               ExtendConfig(**_picked(ns, ExtendConfig)), workers=ns.workers)
+                               ExtendConfig(**_picked(ns, ExtendConfig)), finetune_methods=ns.finetune_methods,
+                               finetune_checkpoints=None if ns.finetune_seeds is None else
+                               [p for c, p in zip(configs, paths) if c.seed in ns.finetune_seeds],
+                               extra_steps=ns.extra_steps, extra_factors=ns.extra_factors,
+                               extra_methods=ns.extra_methods, workers=ns.workers,
+                               cache_dir=str(Path(ns.checkpoint_dir) / "extend"))
         save_csv(ns.out, result["rows"], CSV_FIELDS, command=command)
         if ns.json:
             save_result(ns.json, {k: v for k, v in result.items() if k != "rows"}, command=command)
@@ -164,7 +181,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         schemes = list(BUILTIN) if ns.schemes == ["all"] else ns.schemes
         base = _picked(ns, TrainConfig, skip=("scheme", "seed"))
-        configs = [TrainConfig(scheme=s, seed=seed, **base) for s in schemes for seed in ns.seeds]
+        seeds = {s: list(ns.seeds) for s in schemes}
+        for item in ns.seeds_per_scheme:
+            name, _, count = item.partition("=")
+            if name not in seeds or not count.isdigit() or int(count) < 1:
+                parser.error(f"--seeds-per-scheme takes SCHEME=N with SCHEME among --schemes {schemes} and N >= 1, "
+                             f"got {item!r}")
+            seeds[name] = list(range(int(count)))
+        configs = [TrainConfig(scheme=s, seed=seed, **base) for s in schemes for seed in seeds[s]]
         result = run_sweep(configs, EvalConfig(**_picked(ns, EvalConfig)), out=ns.out, workers=ns.workers,
                            checkpoint_dir=ns.checkpoint_dir, command=command)
         print(f"sweep: {len(configs)} runs in {result['wall_seconds']:.0f} s")

@@ -1,17 +1,32 @@
 """The lab's evaluations: bits per byte against length, passkey retrieval, attention entropy.
 
 Every evaluation runs the trained model at lengths it never saw (the training length ``L``
-up to ``16 L``) on the validation split, with positions ``0 .. W - 1``:
+up to ``16 L``) on the validation split, with positions ``0 .. W - 1``. Two rules make the
+lengths comparable and the numbers strong enough to carry a claim:
 
-* :func:`bits_per_byte` cuts evenly spaced, non-overlapping windows of ``W`` bytes and
-  reports the mean loss over every position of a window (``"all"``: positions ``0 .. W-1``,
-  so short contexts dilute it) and over the last 64 positions (``"tail"``: each of them has
-  at least ``W - 64`` bytes of context, the sharpest test of long positions).
+* **The same bytes at every length.** A metric that compares lengths must score the same
+  text at each of them, or the difficulty of the text enters the curve.
+* **Units for intervals.** Every bits-per-byte metric is reported with its means over
+  ``blocks`` units of neighbouring windows, so that :mod:`companion.lab.stats` can put a
+  bootstrap interval on it (and on the difference of two schemes or two lengths scored on
+  the same units) from the stored results alone.
+
+The evaluations:
+
+* :func:`bits_per_byte`: ``windows`` windows, one per end offset, spread evenly over the data
+  and **shared by every length**: the window of length ``W`` that ends at byte ``e`` is
+  ``data[e - W : e + 1]``. ``"all"`` is the mean loss over every position of a window
+  (positions ``0 .. W-1``, so short contexts dilute it, and it is *not* the same bytes at
+  every length); ``"tail"`` the mean over its last 64 positions, which are the bytes
+  ``e - 63 .. e`` at every length, each predicted from at least ``W - 64`` bytes of
+  context: the sharpest test of long positions.
 * :func:`sliding_bits_per_byte` slides a window of ``W`` bytes by a stride ``S`` and scores
   only the last ``S`` positions of each window, so every scored byte has ``W - S`` to
-  ``W - 1`` bytes of context: the usual perplexity protocol for a fixed context size.
+  ``W - 1`` bytes of context: the usual perplexity protocol for a fixed context size. Its
+  scored bytes are ``blocks`` stretches, the same at every length.
 * :func:`passkey_retrieval` writes a key at a given depth of a window and a query at its end,
-  and measures the bits per digit of the query against a control whose key has other digits.
+  and measures the bits per digit of the query against a control whose key has other digits,
+  trial by trial.
 * :func:`attention_entropy` measures how spread out each layer's attention is.
 
 All losses are in bits (natural-log loss divided by ``ln 2``).
@@ -20,22 +35,32 @@ All losses are in bits (natural-log loss divided by ``ln 2``).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .._checks import check_positive_int
 from ..model import TinyDecoder
 from .data import KEY_DIGITS, KEY_LEN, QUERY_LEN, random_digits, windows, write_key
 
 __all__ = ["bits_per_byte", "sliding_bits_per_byte", "passkey_retrieval", "attention_entropy",
-           "evenly_spaced_starts", "TAIL"]
+           "evenly_spaced_starts", "shared_ends", "window_bits", "TAIL", "WINDOWS", "BLOCKS", "SLIDING_TOKENS"]
 
 #: Positions at the end of each window that the ``"tail"`` figure averages.
 TAIL = 64
+#: Windows per length of :func:`bits_per_byte` by default: ``2048 * TAIL = 2**17`` tail bytes.
+WINDOWS = 2048
+#: Units per metric for the bootstrap (blocks of neighbouring windows or stretches).
+BLOCKS = 256
+#: Bytes :func:`sliding_bits_per_byte` scores per length by default.
+SLIDING_TOKENS = 1 << 17
 LN2 = math.log(2.0)
+
+#: ``(rows of W + 1 bytes) -> (rows, W)`` per-position losses in bits.
+BitsFn = Callable[[Tensor], Tensor]
 
 
 def evenly_spaced_starts(n_bytes: int, length: int, count: int) -> Tensor:
@@ -44,6 +69,44 @@ def evenly_spaced_starts(n_bytes: int, length: int, count: int) -> Tensor:
     if span < 0 or count < 1:
         raise ValueError(f"cannot place {count} windows of {length} bytes in {n_bytes} bytes")
     return torch.from_numpy(np.linspace(0, span, count).astype(np.int64))
+
+
+def shared_ends(n_bytes: int, longest: int, count: int) -> Tensor:
+    """``count`` distinct last-byte offsets spread evenly over ``[longest, n_bytes - 1]``, int64.
+
+    A window of ``W + 1 <= longest + 1`` bytes ending at each of them fits in the data, so
+    windows of every length up to ``longest`` can end at the same bytes.
+
+    Raises:
+        ValueError: fewer than ``count`` bytes after the first ``longest``, or ``count < 1``.
+    """
+    check_positive_int(count, "count")
+    free = n_bytes - 1 - longest
+    if free + 1 < count:
+        raise ValueError(
+            f"the data ({n_bytes} bytes) is too short for {count} windows ending at distinct bytes "
+            f"after a context of {longest}: at most {max(free + 1, 0)}"
+        )
+    return longest + torch.from_numpy(np.linspace(0, free, count).round().astype(np.int64))
+
+
+def _block_means(bits: Tensor, blocks: int) -> list[float]:
+    """Means of ``blocks`` equal runs of consecutive rows of ``bits`` (rows, positions)."""
+    return [float(x) for x in bits.reshape(blocks, -1).mean(1)]
+
+
+def _check_lengths(lengths: Sequence[int]) -> list[int]:
+    out = [check_positive_int(int(w) if isinstance(w, (int, np.integer)) else w, "lengths") for w in lengths]
+    if not out:
+        raise ValueError("lengths must hold at least one length")
+    return out
+
+
+def _check_blocks(blocks: int, count: int, count_name: str) -> int:
+    check_positive_int(blocks, "blocks")
+    if count % blocks:
+        raise ValueError(f"blocks ({blocks}) must divide {count_name} ({count})")
+    return blocks
 
 
 @torch.no_grad()
@@ -61,28 +124,75 @@ def _rows_per_batch(length: int, tokens_per_batch: int) -> int:
     return max(1, tokens_per_batch // length)
 
 
+def window_bits(
+    bits_fn: Callable[[Tensor, int], Tensor],
+    data: np.ndarray,
+    lengths: Sequence[int],
+    *,
+    windows_per_length: int = WINDOWS,
+    blocks: int = BLOCKS,
+    reach: int | None = None,
+) -> dict[int, dict[str, float | list[float]]]:
+    """The windows of :func:`bits_per_byte`, scored by any model: see its docstring.
+
+    ``bits_fn(rows, w)`` takes ``(count, w + 1)`` rows of bytes and returns the ``(count,
+    w)`` losses in bits of predicting ``rows[:, 1:]`` (a training-free method of
+    :mod:`companion.trainfree` plugs in here, so its numbers compare with the model's own).
+    """
+    lengths = _check_lengths(lengths)
+    check_positive_int(windows_per_length, "windows_per_length")
+    _check_blocks(blocks, windows_per_length, "windows_per_length")
+    reach = max(lengths) if reach is None else check_positive_int(reach, "reach")
+    if reach < max(lengths):
+        raise ValueError(f"reach ({reach}) must be at least the longest length ({max(lengths)})")
+    ends = shared_ends(data.size, reach, windows_per_length)
+    result: dict[int, dict[str, float | list[float]]] = {}
+    for w in lengths:
+        rows = windows(data, ends - w, w + 1)
+        bits = bits_fn(rows, w)
+        tail = bits[:, -min(TAIL, w):]
+        result[w] = {"all": float(bits.mean()), "tail": float(tail.mean()),
+                     "all_blocks": _block_means(bits, blocks), "tail_blocks": _block_means(tail, blocks)}
+    return result
+
+
 def bits_per_byte(
     model: TinyDecoder,
     data: np.ndarray,
     lengths: Sequence[int],
     *,
-    tokens: int = 1 << 15,
+    windows_per_length: int = WINDOWS,
+    blocks: int = BLOCKS,
+    reach: int | None = None,
     tokens_per_batch: int = 1 << 14,
-) -> dict[int, dict[str, float]]:
-    """Non-overlapping evaluation: ``{W: {"all": bits, "tail": bits}}`` for each length.
+) -> dict[int, dict[str, float | list[float]]]:
+    """Non-overlapping evaluation at every length on windows that end at the same bytes.
 
-    ``tokens // W`` windows (at least one) of ``W + 1`` bytes are spread evenly over
-    ``data``, so every length scores about the same number of bytes from the same stretch of
-    text. ``"tail"`` averages the last ``min(TAIL, W)`` positions of each window.
+    ``windows_per_length`` end offsets ``e`` are spread evenly over ``data`` after its first
+    ``reach`` bytes (default ``max(lengths)``; calls with the same ``reach`` score the same
+    bytes, whatever lengths each asks for; :func:`shared_ends`); at length ``W`` the window
+    ending at ``e`` is ``data[e - W : e + 1]``, whose ``W`` predictions are scored. Returns,
+    for each ``W``:
+
+    * ``"all"``: mean bits over every position of every window;
+    * ``"tail"``: mean bits over the last ``min(TAIL, W)`` positions, the bytes ``e - 63 ..
+      e``: the same bytes at every length ``W >= TAIL``, each with at least ``W - TAIL``
+      bytes of context;
+    * ``"all_blocks"``, ``"tail_blocks"``: the same means over each of ``blocks`` runs of
+      consecutive windows (the units of :func:`companion.lab.stats.bootstrap_ci`; their mean
+      is the overall mean).
+
+    Raises:
+        ValueError: no lengths, a length below 1, ``blocks`` not dividing
+            ``windows_per_length``, a ``reach`` below the longest length, or data too short
+            for that many distinct ends.
     """
     model.eval()
-    result = {}
-    for w in lengths:
-        count = max(1, tokens // w)
-        rows = windows(data, evenly_spaced_starts(data.size, w + 1, count), w + 1)
-        bits = _token_bits(model, rows, _rows_per_batch(w, tokens_per_batch))
-        result[int(w)] = {"all": float(bits.mean()), "tail": float(bits[:, -min(TAIL, w):].mean())}
-    return result
+
+    def bits_fn(rows: Tensor, w: int) -> Tensor:
+        return _token_bits(model, rows, _rows_per_batch(w, tokens_per_batch))
+
+    return window_bits(bits_fn, data, lengths, windows_per_length=windows_per_length, blocks=blocks, reach=reach)
 
 
 def sliding_bits_per_byte(
@@ -91,44 +201,53 @@ def sliding_bits_per_byte(
     lengths: Sequence[int],
     *,
     stride_fraction: float = 0.25,
-    scored_tokens: int = 1 << 13,
-    regions: int = 8,
+    scored_tokens: int = SLIDING_TOKENS,
+    blocks: int = BLOCKS,
+    reach: int | None = None,
     tokens_per_batch: int = 1 << 14,
-) -> dict[int, float]:
-    """Sliding-window evaluation: ``{W: bits}``, the same bytes scored at every length.
+) -> dict[int, dict[str, float | list[float]]]:
+    """Sliding-window evaluation, the same bytes scored at every length.
 
-    The scored bytes are ``regions`` stretches of ``scored_tokens // regions`` bytes each,
-    spread evenly over ``data`` after its first ``max(lengths)`` bytes, and they are the same
+    The scored bytes are ``blocks`` stretches of ``scored_tokens // blocks`` bytes each,
+    spread evenly over ``data`` after its first ``reach`` bytes (default ``max(lengths)``;
+    calls with the same ``reach`` and stride fraction score the same bytes), and they are the same
     for every ``W`` whose stride divides the stretch (all powers of two up to it, as in the
     book), so the lengths are compared on identical text. Each stretch is covered by windows
     of ``W + 1`` bytes that end ``S = W * stride_fraction`` bytes apart; each window scores
     only its last ``S`` predictions, so every scored byte is predicted from between
     ``W - S + 1`` and ``W`` bytes of context. Where a stride does not divide the stretch,
     the first ``(stretch // S) * S`` bytes of each stretch are scored (at least one window).
+
+    Returns ``{W: {"sliding": mean bits, "sliding_blocks": [mean bits of each stretch]}}``.
     """
     model.eval()
-    lengths = [int(w) for w in lengths]
+    lengths = _check_lengths(lengths)
     if not 0 < stride_fraction <= 1:
         raise ValueError(f"stride_fraction must lie in (0, 1], got {stride_fraction}")
-    span = scored_tokens // regions
-    longest = max(lengths)
-    # the scored bytes of a stretch end at most this far after its start
-    reach = max([span] + [max(1, int(w * stride_fraction)) for w in lengths])
-    free = data.size - longest - reach - 1
+    check_positive_int(scored_tokens, "scored_tokens")
+    check_positive_int(blocks, "blocks")
+    span = scored_tokens // blocks
+    longest = max(lengths) if reach is None else check_positive_int(reach, "reach")
+    if longest < max(lengths):
+        raise ValueError(f"reach ({longest}) must be at least the longest length ({max(lengths)})")
+    # the scored bytes of a stretch end at most this far after its start (the longest stride
+    # the reach allows, so that the stretches do not depend on which lengths are asked for)
+    after = max(span, max(1, int(longest * stride_fraction)))
+    free = data.size - longest - after - 1
     if span < 1 or free < 0:
         raise ValueError(
-            f"data ({data.size} bytes) too short for {regions} scored stretches of {span} bytes "
+            f"data ({data.size} bytes) too short for {blocks} scored stretches of {span} bytes "
             f"after a context of {longest}"
         )
-    region_starts = longest + torch.from_numpy(np.linspace(0, free, regions).astype(np.int64))
-    result = {}
+    region_starts = longest + torch.from_numpy(np.linspace(0, free, blocks).astype(np.int64))
+    result: dict[int, dict[str, float | list[float]]] = {}
     for w in lengths:
         stride = max(1, int(w * stride_fraction))
         # a window scores the predictions of bytes (end - stride, end]; its first byte is end - w
         ends = (region_starts[:, None] + stride * torch.arange(1, max(1, span // stride) + 1)).flatten()
         rows = windows(data, ends - w, w + 1)
-        bits = _token_bits(model, rows, _rows_per_batch(w, tokens_per_batch))
-        result[w] = float(bits[:, -stride:].mean())
+        bits = _token_bits(model, rows, _rows_per_batch(w, tokens_per_batch))[:, -stride:]
+        result[w] = {"sliding": float(bits.mean()), "sliding_blocks": _block_means(bits, blocks)}
     return result
 
 
@@ -139,10 +258,10 @@ def passkey_retrieval(
     lengths: Sequence[int],
     depths: Sequence[float],
     *,
-    trials: int = 16,
+    trials: int = 32,
     seed: int = 0,
     tokens_per_batch: int = 1 << 14,
-) -> dict[str, list[list[float]]]:
+) -> dict[str, list]:
     """Retrieval heatmaps over ``lengths`` x ``depths``.
 
     For each cell, ``trials`` validation windows of ``W`` bytes get a key at position
@@ -161,15 +280,21 @@ def passkey_retrieval(
       ``log2(9 p / (1 - p))`` on each control digit that differs from the key (about 9 in
       10 of them), 2.85 bits per digit at ``p = 1/2`` and more the surer it is, since the
       control's wrong key costs it ``-log2((1 - p) / 9)``;
-    * ``"exact"``: fraction of trials whose five digits are all the argmax prediction.
+    * ``"exact"``: fraction of trials whose five digits are all the argmax prediction;
+    * ``"gain_trials"`` and ``"exact_trials"``: ``len(lengths) x len(depths) x trials``, the
+      gain of each trial (its control's bits per digit minus its own) and whether it was
+      exact (0 or 1), so that intervals can be computed from stored results
+      (:func:`companion.lab.stats.proportion_ci` for the exact-match rate).
     """
     model.eval()
+    check_positive_int(trials, "trials")
     gen = torch.Generator().manual_seed(seed)
-    out: dict[str, list[list[float]]] = {"bits": [], "control_bits": [], "gain": [], "exact": []}
+    out: dict[str, list] = {"bits": [], "control_bits": [], "gain": [], "exact": [],
+                            "gain_trials": [], "exact_trials": []}
     for w in lengths:
         if w < KEY_LEN + QUERY_LEN:
             raise ValueError(f"lengths must be at least {KEY_LEN + QUERY_LEN}, got {w}")
-        rows_bits, rows_ctrl, rows_gain, rows_exact = [], [], [], []
+        rows_bits, rows_ctrl, rows_gain, rows_exact, trial_gain, trial_exact = [], [], [], [], [], []
         base = windows(data, evenly_spaced_starts(data.size, w, trials), w)
         for depth in depths:
             at = int(round(float(depth) * (w - KEY_LEN - QUERY_LEN)))
@@ -191,16 +316,20 @@ def passkey_retrieval(
                     target = chunk[:, -KEY_DIGITS:]
                     bits.append(F.cross_entropy(logits.transpose(1, 2), target, reduction="none") / LN2)
                     hits.append(logits.argmax(-1).eq(target).all(-1))
-                stats.append((torch.cat(bits).mean().item(), torch.cat(hits).float().mean().item()))
-            (b_true, exact), (b_ctrl, _) = stats
-            rows_bits.append(b_true)
-            rows_ctrl.append(b_ctrl)
-            rows_gain.append(b_ctrl - b_true)
-            rows_exact.append(exact)
+                stats.append((torch.cat(bits).mean(-1), torch.cat(hits)))
+            (b_true, hit), (b_ctrl, _) = stats  # per trial: bits per digit, exact match
+            rows_bits.append(b_true.mean().item())
+            rows_ctrl.append(b_ctrl.mean().item())
+            rows_gain.append(rows_ctrl[-1] - rows_bits[-1])
+            rows_exact.append(hit.float().mean().item())
+            trial_gain.append([float(g) for g in b_ctrl - b_true])
+            trial_exact.append([int(x) for x in hit])
         out["bits"].append(rows_bits)
         out["control_bits"].append(rows_ctrl)
         out["gain"].append(rows_gain)
         out["exact"].append(rows_exact)
+        out["gain_trials"].append(trial_gain)
+        out["exact_trials"].append(trial_exact)
     return out
 
 

@@ -9,6 +9,8 @@ JSON file with provenance.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import multiprocessing as mp
 import os
 import time
@@ -20,7 +22,8 @@ import torch
 
 from ..utils import provenance, save_result
 from .corpus import Corpus, load_corpus
-from .evaluate import attention_entropy, bits_per_byte, passkey_retrieval, sliding_bits_per_byte
+from .evaluate import (BLOCKS, SLIDING_TOKENS, WINDOWS, attention_entropy, bits_per_byte, passkey_retrieval,
+                       sliding_bits_per_byte)
 from .train import TrainConfig, train
 
 __all__ = ["EvalConfig", "evaluate_model", "checkpoint_path", "run_job", "run_sweep"]
@@ -28,20 +31,35 @@ __all__ = ["EvalConfig", "evaluate_model", "checkpoint_path", "run_job", "run_sw
 
 @dataclass
 class EvalConfig:
-    """Which evaluations a job runs, at which lengths (multiples of the training length)."""
+    """Which evaluations a job runs, at which lengths (multiples of the training length), on
+    how much text. The defaults are the book's protocol: ``windows * TAIL = 2**17`` tail bytes
+    and ``sliding_tokens = 2**17`` sliding bytes per length, ``blocks`` bootstrap units per
+    metric, and 32 passkey trials per (length, depth) cell."""
 
     multiples: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
-    tokens: int = 1 << 15
-    sliding_tokens: int = 1 << 13
+    windows: int = WINDOWS
+    blocks: int = BLOCKS
+    sliding_tokens: int = SLIDING_TOKENS
     passkey_multiples: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
     passkey_depths: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0])
-    passkey_trials: int = 8
-    entropy_windows: int = 4
+    passkey_trials: int = 32
+    entropy_windows: int = 8
+
+
+def _rounded(values: list[float]) -> list[float]:
+    """Per-block means as stored: 4 decimals of bits (far below any difference a claim uses)."""
+    return [round(v, 4) for v in values]
 
 
 def evaluate_model(model: torch.nn.Module, cfg: TrainConfig, ev: EvalConfig,
                    corpus: Corpus | None = None) -> dict[str, Any]:
-    """Every evaluation of a trained model: ``{"eval": {...}, "eval_seconds": s}``."""
+    """Every evaluation of a trained model: ``{"eval": {...}, "eval_seconds": s}``.
+
+    ``eval`` holds ``lengths``; ``bpb`` (``{W: {"all", "tail"}}``) and ``sliding_bpb``
+    (``{W: bits}``), the means; ``blocks`` (``{"all" | "tail" | "sliding": {W: [...]}}``),
+    the same metrics per bootstrap unit; ``passkey`` (the cells of
+    :func:`~companion.lab.evaluate.passkey_retrieval`, with every trial); and ``entropy``.
+    """
     corpus = load_corpus() if corpus is None else corpus
     t0 = time.perf_counter()
     lengths = [m * cfg.seq_len for m in ev.multiples]
@@ -53,14 +71,20 @@ def evaluate_model(model: torch.nn.Module, cfg: TrainConfig, ev: EvalConfig,
             f"(the longest sequence the model was built for); raise max_len or lower the multiples"
         )
     val = corpus.val
+    bpb = bits_per_byte(model, val, lengths, windows_per_length=ev.windows, blocks=ev.blocks)
+    sliding = sliding_bits_per_byte(model, val, lengths, scored_tokens=ev.sliding_tokens, blocks=ev.blocks)
+    passkey = passkey_retrieval(model, val, pk_lengths, ev.passkey_depths, trials=ev.passkey_trials, seed=cfg.seed)
+    passkey["gain_trials"] = [[_rounded(cell) for cell in row] for row in passkey["gain_trials"]]
     result = {
         "lengths": lengths,
-        "bpb": {str(k): v for k, v in bits_per_byte(model, val, lengths, tokens=ev.tokens).items()},
-        "sliding_bpb": {str(k): v for k, v in
-                        sliding_bits_per_byte(model, val, lengths, scored_tokens=ev.sliding_tokens).items()},
-        "passkey": {"lengths": pk_lengths, "depths": list(ev.passkey_depths),
-                    **passkey_retrieval(model, val, pk_lengths, ev.passkey_depths,
-                                        trials=ev.passkey_trials, seed=cfg.seed)},
+        "bpb": {str(w): {"all": v["all"], "tail": v["tail"]} for w, v in bpb.items()},
+        "sliding_bpb": {str(w): v["sliding"] for w, v in sliding.items()},
+        "blocks": {
+            "all": {str(w): _rounded(v["all_blocks"]) for w, v in bpb.items()},
+            "tail": {str(w): _rounded(v["tail_blocks"]) for w, v in bpb.items()},
+            "sliding": {str(w): _rounded(v["sliding_blocks"]) for w, v in sliding.items()},
+        },
+        "passkey": {"lengths": pk_lengths, "depths": list(ev.passkey_depths), **passkey},
         "entropy": {str(k): v for k, v in
                     attention_entropy(model, val, lengths, windows_per_length=ev.entropy_windows).items()},
     }
@@ -73,13 +97,33 @@ def checkpoint_path(checkpoint_dir: str | os.PathLike[str], cfg: TrainConfig) ->
     return Path(checkpoint_dir) / f"{safe}-L{cfg.seq_len}-d{cfg.d_model}-n{cfg.steps}-s{cfg.seed}.pt"
 
 
+def _eval_cache(ckpt: Path, ev: EvalConfig) -> Path:
+    key = hashlib.sha256(json.dumps(asdict(ev), sort_keys=True).encode()).hexdigest()[:12]
+    return ckpt.with_name(f"{ckpt.stem}.eval-{key}.json")
+
+
 def run_job(cfg: TrainConfig, ev: EvalConfig, checkpoint_dir: str | None, progress: bool = False) -> dict[str, Any]:
-    """Train (or resume from ``checkpoint_dir``) and evaluate one scheme and seed."""
+    """Train (or resume from ``checkpoint_dir``) and evaluate one scheme and seed.
+
+    With a ``checkpoint_dir`` the record is also kept beside the checkpoint, keyed by the
+    evaluation config, so a sweep that is run again (or resumed after an interruption) reuses
+    every finished job instead of evaluating it again.
+    """
     corpus = load_corpus()
     ckpt = None if checkpoint_dir is None else checkpoint_path(checkpoint_dir, cfg)
+    cache = None if ckpt is None else _eval_cache(ckpt, ev)
+    if cache is not None and cache.exists() and ckpt is not None and ckpt.exists():
+        record = json.loads(cache.read_text())
+        if record.get("config") == asdict(cfg) and record.get("eval_config") == asdict(ev):
+            del record["eval_config"]
+            return record
     model, record = train(cfg, corpus, checkpoint=ckpt, progress=progress)
     record.update(evaluate_model(model, cfg, ev, corpus))
     del record["provenance"]  # the sweep stores one provenance for all jobs
+    if cache is not None:
+        tmp = cache.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**record, "eval_config": asdict(ev)}))
+        os.replace(tmp, cache)
     return record
 
 

@@ -77,7 +77,7 @@ def lab_settings(name: str, train_len: int, length: int) -> dict[str, Any]:
     return {"n_sink": 4, "window": train_len - 4 - chunk, "chunk": chunk, "rerotate": False}
 
 
-def run_trainfree(checkpoints: Sequence[str], multiples: Sequence[int], *, tokens: int = 1 << 15,
+def run_trainfree(checkpoints: Sequence[str], multiples: Sequence[int], *, windows_per_length: int = 2048,
                   names: Sequence[str] | None = None) -> dict[str, Any]:
     """Evaluate every configuration of :data:`LAB_TRAINFREE` (or ``names``) on each checkpoint.
 
@@ -95,8 +95,8 @@ def run_trainfree(checkpoints: Sequence[str], multiples: Sequence[int], *, token
         L = int(cfg["seq_len"])
         lengths = [m * L for m in multiples]
         rec: dict[str, Any] = {"checkpoint": str(path), "seed": cfg["seed"], "train_len": L,
-                               "plain": {str(k): v for k, v in bits_per_byte(model, corpus.val, lengths,
-                                                                              tokens=tokens).items()},
+                               "plain": {str(k): v for k, v in bits_per_byte(
+                                   model, corpus.val, lengths, windows_per_length=windows_per_length).items()},
                                "methods": {}}
         for name in names:
             s0 = time.perf_counter()
@@ -104,10 +104,11 @@ def run_trainfree(checkpoints: Sequence[str], multiples: Sequence[int], *, token
             for W in lengths:
                 kw = lab_settings(name, L, W)
                 settings[str(W)] = kw
-                bpb[str(W)] = lab_bits_per_byte(model, corpus.val, [W], LAB_TRAINFREE[name], tokens=tokens,
-                                                **kw)[W]
+                bpb[str(W)] = lab_bits_per_byte(model, corpus.val, [W], LAB_TRAINFREE[name],
+                                                windows_per_length=windows_per_length, reach=max(lengths), **kw)[W]
             rec["methods"][name] = {"settings": settings, "bpb": bpb, "seconds": time.perf_counter() - s0}
             print(f"seed {cfg['seed']} {name}: " + " ".join(f"{bpb[str(W)]['tail']:.2f}" for W in lengths),
                   flush=True)
         runs.append(rec)
-    return {"runs": runs, "multiples": list(multiples), "tokens": tokens, "wall_seconds": time.perf_counter() - t0}
+    return {"runs": runs, "multiples": list(multiples), "windows_per_length": windows_per_length,
+            "wall_seconds": time.perf_counter() - t0}
