@@ -17,6 +17,9 @@ forward plus backward of ``out.sum()``) it times, round-robin over ``--rounds`` 
 It prints each median as a multiple of the baseline's median at the same length: the table
 in the docstring of :mod:`companion.dispatch`. Nothing is stored; timings on a shared
 machine are noisy, the ratios within one run less so.
+
+The forward-only timings of the ``"query-blocks"`` path (evaluation, no gradient) are
+``benchmarks/eval_attention_cpu.py``'s.
 """
 
 from __future__ import annotations

@@ -8,35 +8,35 @@ this module, which picks between them and torch's fused
 (:meth:`~companion.attention.PositionScheme.hooks`). :func:`fast_attention` computes the
 same function as the reference; :func:`attention_path` names the path it takes:
 
-=================  =======================================================================
-path               when
-=================  =======================================================================
-``"reference"``    ``return_weights=True``; a scheme with the ``score`` hook (Shaw,
-                   Transformer-XL), or a grid scheme with a ``bias`` hook; a NaN or infinite value in ``q``, ``k`` or ``v``; a
-                   floating ``attn_mask`` holding NaN or ``+inf``; an empty batch or
-                   sequence
-``"sdpa-causal"``  no ``bias`` hook (NoPE, the ``embed`` schemes, RoPE after ``rotate``),
-                   ``causal=True``, no ``attn_mask``, and query and key positions that are
-                   consecutive and start at the same position (self-attention): SDPA with
-                   ``is_causal=True``
-``"sdpa-mask"``    no ``bias`` hook otherwise: SDPA with a mask built from the positions
-                   (``k_pos <= q_pos`` when causal) and ``attn_mask``, or none
-``"sdpa-bias"``    a ``bias`` hook (ALiBi, T5) at short lengths: ``q_len * k_len <=``
-                   :data:`SDPA_BIAS_PAIRS` (a bias without a gradient) or
-                   :data:`SDPA_GRAD_BIAS_PAIRS` (with one, T5's table), and a ``(batch | 1,
-                   heads, q_len, k_len)`` float mask (bias, ``attn_mask``, ``-inf`` where
-                   masked) within :data:`SDPA_MASK_BYTES`: SDPA with that mask
-``"blockwise"``    a ``bias`` hook otherwise, or a mask over the budget:
-                   :func:`~companion.blockwise.bias_attention`, the bias and the masks one
-                   tile at a time, with tiles sized by :func:`block_size_for`
-``"query-blocks"`` before all of the above except ``"reference"`` for non-finite inputs:
-                   no gradient wanted (``torch.no_grad``, or no input or scheme parameter
-                   that requires one), causal self-attention over consecutive 1-D
-                   positions, no ``attn_mask``, ``q_len = k_len`` above
-                   :data:`QUERY_BLOCK`, and a ``score`` hook, or a ``bias`` hook past
-                   :data:`SDPA_BIAS_PAIRS`: the queries in blocks of :data:`QUERY_BLOCK`,
-                   each against only the keys the causal mask lets it see (see below)
-=================  =======================================================================
+==================  =======================================================================
+path                when
+==================  =======================================================================
+``"reference"``     ``return_weights=True``; a scheme with the ``score`` hook (Shaw,
+                    Transformer-XL), or a grid scheme with a ``bias`` hook; a NaN or infinite value in ``q``, ``k`` or ``v``; a
+                    floating ``attn_mask`` holding NaN or ``+inf``; an empty batch or
+                    sequence
+``"sdpa-causal"``   no ``bias`` hook (NoPE, the ``embed`` schemes, RoPE after ``rotate``),
+                    ``causal=True``, no ``attn_mask``, and query and key positions that are
+                    consecutive and start at the same position (self-attention): SDPA with
+                    ``is_causal=True``
+``"sdpa-mask"``     no ``bias`` hook otherwise: SDPA with a mask built from the positions
+                    (``k_pos <= q_pos`` when causal) and ``attn_mask``, or none
+``"sdpa-bias"``     a ``bias`` hook (ALiBi, T5) at short lengths: ``q_len * k_len <=``
+                    :data:`SDPA_BIAS_PAIRS` (a bias without a gradient) or
+                    :data:`SDPA_GRAD_BIAS_PAIRS` (with one, T5's table), and a ``(batch | 1,
+                    heads, q_len, k_len)`` float mask (bias, ``attn_mask``, ``-inf`` where
+                    masked) within :data:`SDPA_MASK_BYTES`: SDPA with that mask
+``"blockwise"``     a ``bias`` hook otherwise, or a mask over the budget:
+                    :func:`~companion.blockwise.bias_attention`, the bias and the masks one
+                    tile at a time, with tiles sized by :func:`block_size_for`
+``"query-blocks"``  before all of the above except ``"reference"`` for non-finite inputs:
+                    no gradient wanted (``torch.no_grad``, or no input or scheme parameter
+                    that requires one), causal self-attention over consecutive 1-D
+                    positions, no ``attn_mask``, ``q_len = k_len`` above
+                    :data:`QUERY_BLOCK`, and a ``score`` hook, or a ``bias`` hook past
+                    :data:`SDPA_BIAS_PAIRS`: the queries in blocks of :data:`QUERY_BLOCK`,
+                    each against only the keys the causal mask lets it see (see below)
+==================  =======================================================================
 
 The thresholds were measured on the book's machine by ``benchmarks/attention_paths_cpu.py``
 (one thread, batch 8, 4 heads, head dim 16, causal, forward plus backward, ``L = 128 ..
@@ -70,10 +70,19 @@ path wins: the query positions in blocks of :data:`QUERY_BLOCK`, each block agai
 up to its last position (the causal mask hides the rest, so the work halves), with one fused
 SDPA call per block whose float mask is the block's bias (and, for a ``score`` hook without
 a value term, Transformer-XL's, the block's score times the scale), or the reference on the
-block for a scheme with a value term (Shaw). Measured forward-only at ``L = 2048`` (batch 8,
-4 heads, head dim 16, one thread): ALiBi 0.22 s against 0.75 s on the blockwise path (SDPA
-``is_causal`` without a bias: 0.18 s), T5 0.24 s against 0.38 s, Shaw 2.1 s and
-Transformer-XL 1.5 s against 6.4 s and 5.4 s for the reference.
+block for a scheme with a value term (Shaw). ``benchmarks/eval_attention_cpu.py`` measures it
+against the path taken before (blockwise for a bias, the reference for a score): forward only,
+the lab's schemes, batch 8, 4 heads, head dim 16, one thread, ``L = 2048``, as multiples of SDPA
+``is_causal`` without a bias (0.18 s), one run of ``--lengths 2048 --repeats 3`` on a loaded
+2-core machine:
+
+==============  =====  =====  ==========  =====  =====  =====  =====
+scheme          ALiBi  T5     Kerple log  FIRE   Shaw   T-XL   CoPE
+==============  =====  =====  ==========  =====  =====  =====  =====
+query-blocks    1.34   1.79   1.59        2.49   10.2   7.2    22.0
+before          2.01   2.07   2.08        3.40   21.5   25.0   85.6
+speedup         1.50   1.15   1.31        1.36   2.11   3.48   3.89
+==============  =====  =====  ==========  =====  =====  =====  =====
 
 Precision follows the reference: float16 and bfloat16 inputs are computed in float32 and
 the output cast back; float32 and float64 run in their own dtype. On the SDPA paths a
