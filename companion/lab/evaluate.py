@@ -59,9 +59,6 @@ BLOCKS = 256
 SLIDING_TOKENS = 1 << 17
 LN2 = math.log(2.0)
 
-#: ``(rows of W + 1 bytes) -> (rows, W)`` per-position losses in bits.
-BitsFn = Callable[[Tensor], Tensor]
-
 
 def evenly_spaced_starts(n_bytes: int, length: int, count: int) -> Tensor:
     """``count`` window starts spread evenly over ``[0, n_bytes - length]``, int64."""
