@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from companion.lab.extend import CSV_FIELDS
-from companion.lab.results import Extension, Sweep, difference
+from companion.lab.results import Extension, Sweep, difference, load_sweep, merge_sweeps
 from companion.lab.stats import Interval, bootstrap_ci, paired_bootstrap_ci
 from companion.utils import load_csv, load_result, save_csv, save_result
 
@@ -276,16 +276,113 @@ def test_sweep_round_trip_through_result_file(tmp_path, sweep_case):
     assert sw.data is not data  # really read from the file
     assert (sw.schemes, sw.train_len, sw.lengths, sw.multiples, sw.passkey_lengths, sw.depths) == (
         SCHEMES, TRAIN_LEN, LENGTHS, MULTIPLES, PK_LENGTHS, DEPTHS)
+    _assert_same_sweep(sw, truth)  # seeds, curves, blocks, entropy (defined below)
     for scheme in SCHEMES:
-        assert sw.seeds(scheme) == SEEDS[scheme]
-        for metric in ("all", "tail", "sliding"):
-            np.testing.assert_array_equal(sw.curve(scheme, metric), _expected(truth, scheme, metric))
-            for i, w in enumerate(LENGTHS):
-                np.testing.assert_array_equal(sw.blocks(scheme, metric, w),
-                                              _expected(truth, scheme, f"blocks_{metric}", i))
         for key in ("exact", "gain", "bits", "control_bits", "exact_trials", "gain_trials"):
             np.testing.assert_array_equal(sw.passkey(scheme, key), mem.passkey(scheme, key))
-        np.testing.assert_array_equal(sw.entropy(scheme), _expected(truth, scheme, "entropy"))
+
+
+# ----------------------------------------------------------------------------------------------
+# a sweep in parts: merge_sweeps, load_sweep
+# ----------------------------------------------------------------------------------------------
+
+CORPUS = {"name": "synthetic", "bytes": 1000}
+# the runs of RUN_ORDER split into two parts; rope's seeds land in both (2, 0 in one, 1 in the other)
+PART_A = [0, 2, 3]
+PART_B = [1, 4, 5]
+
+
+def _part(data: dict, idx: list[int], wall: float, *, command: str) -> dict:
+    body = {**data, "runs": [data["runs"][i] for i in idx], "corpus": CORPUS, "wall_seconds": wall, "workers": 2}
+    return {"provenance": {"command": command}, "data": body}
+
+
+def _assert_same_sweep(got: Sweep, truth) -> None:
+    assert sorted(got.schemes) == sorted(SCHEMES)
+    for scheme in SCHEMES:
+        assert got.seeds(scheme) == SEEDS[scheme]
+        for metric in ("all", "tail", "sliding"):
+            np.testing.assert_array_equal(got.curve(scheme, metric), _expected(truth, scheme, metric))
+            for i, w in enumerate(LENGTHS):
+                np.testing.assert_array_equal(got.blocks(scheme, metric, w),
+                                              _expected(truth, scheme, f"blocks_{metric}", i))
+        np.testing.assert_array_equal(got.entropy(scheme), _expected(truth, scheme, "entropy"))
+
+
+def test_merge_sweeps_equals_the_whole_sweep(sweep_case):
+    whole, data, truth = sweep_case
+    merged = merge_sweeps([_part(data, PART_A, 3.0, command="a"), _part(data, PART_B, 4.5, command="b")],
+                          names=["a.json", "b.json"])
+    sw = Sweep(merged)
+    _assert_same_sweep(sw, truth)
+    for scheme in SCHEMES:
+        for key in ("exact", "gain", "exact_trials"):
+            np.testing.assert_array_equal(sw.passkey(scheme, key), whole.passkey(scheme, key))
+    assert merged["eval_config"] == EVAL_CONFIG and merged["corpus"] == CORPUS
+    assert merged["wall_seconds"] == 7.5 and merged["workers"] == 2
+    assert [p["name"] for p in merged["parts"]] == ["a.json", "b.json"]
+    assert [p["provenance"]["command"] for p in merged["parts"]] == ["a", "b"]
+    assert merged["parts"][0]["runs"] == [list(RUN_ORDER[i]) for i in PART_A]
+    assert merged["parts"][1]["wall_seconds"] == 4.5
+
+
+def test_merge_sweeps_default_names(sweep_case):
+    _, data, _ = sweep_case
+    merged = merge_sweeps([_part(data, PART_A, 1.0, command="a"), _part(data, PART_B, 1.0, command="b")])
+    assert [p["name"] for p in merged["parts"]] == ["part 0", "part 1"]
+
+
+def test_merge_sweeps_rejects_a_run_in_two_parts(sweep_case):
+    _, data, _ = sweep_case
+    with pytest.raises(ValueError, match=r"'rope' seed 0 is in both a.json and b.json"):
+        merge_sweeps([_part(data, PART_A, 1.0, command="a"), _part(data, [2], 1.0, command="b")],
+                     names=["a.json", "b.json"])
+
+
+@pytest.mark.parametrize("key, other", [("eval_config", {**EVAL_CONFIG, "windows": 99}),
+                                        ("corpus", {**CORPUS, "bytes": 999})])
+def test_merge_sweeps_rejects_another_protocol(sweep_case, key, other):
+    _, data, _ = sweep_case
+    b = _part(data, PART_B, 1.0, command="b")
+    b["data"][key] = other
+    with pytest.raises(ValueError, match=rf"b.json has another {key} than a.json"):
+        merge_sweeps([_part(data, PART_A, 1.0, command="a"), b], names=["a.json", "b.json"])
+
+
+def test_merge_sweeps_bad_arguments(sweep_case):
+    _, data, _ = sweep_case
+    with pytest.raises(ValueError, match="at least one sweep result"):
+        merge_sweeps([])
+    with pytest.raises(ValueError, match=r"one entry per part \(1\), got 2"):
+        merge_sweeps([_part(data, PART_A, 1.0, command="a")], names=["a", "b"])
+    with pytest.raises(ValueError, match="x.json is not a sweep result"):
+        merge_sweeps([{"provenance": {}, "data": {"runs": []}}], names=["x.json"])
+    with pytest.raises(ValueError, match="y.json is not a sweep result"):
+        merge_sweeps([[1, 2]], names=["y.json"])
+
+
+def test_load_sweep_from_a_folder_of_parts(tmp_path, sweep_case):
+    """Parts saved as the sweep command saves them, read back from their folder in name order."""
+    _, data, truth = sweep_case
+    folder = tmp_path / "08_sweep"
+    folder.mkdir()
+    for name, idx, cmd in (("2-b.json", PART_B, "b"), ("1-a.json", PART_A, "a")):
+        part = _part(data, idx, 1.0, command=cmd)
+        save_result(folder / name, part["data"], command=cmd)
+    (folder / "notes.txt").write_text("not a part")
+    sw = load_sweep(folder)
+    _assert_same_sweep(sw, truth)
+    assert [p["name"] for p in sw.data["parts"]] == ["1-a.json", "2-b.json"]
+    assert [p["provenance"]["command"] for p in sw.data["parts"]] == ["a", "b"]
+    one = load_sweep(folder / "1-a.json")  # a single file is a sweep of its own
+    assert one.seeds("rope") == [0, 2] and "parts" not in one.data
+
+
+def test_load_sweep_missing(tmp_path):
+    with pytest.raises(FileNotFoundError, match="holds no .json sweep parts"):
+        load_sweep(tmp_path)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_sweep(tmp_path / "absent.json")
 
 
 # ----------------------------------------------------------------------------------------------

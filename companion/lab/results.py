@@ -10,14 +10,17 @@ bits-per-byte mean, so that it can be given a bootstrap interval
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..utils import load_result
 from .stats import Interval, paired_bootstrap_ci
 
-__all__ = ["Sweep", "Extension", "difference"]
+__all__ = ["Sweep", "Extension", "difference", "merge_sweeps", "load_sweep"]
 
 #: The bits-per-byte metrics of a sweep: all positions, the last 64 (tail), sliding window.
 BPB_METRICS = ("all", "tail", "sliding")
@@ -33,6 +36,79 @@ def difference(a: np.ndarray, b: np.ndarray, **kwargs: Any) -> Interval:
     """
     a, b = np.atleast_2d(np.asarray(a, float)), np.atleast_2d(np.asarray(b, float))
     return paired_bootstrap_ci(a.mean(0), b.mean(0), **kwargs)
+
+
+def merge_sweeps(parts: Sequence[Mapping[str, Any]], names: Sequence[str] | None = None) -> dict[str, Any]:
+    """One sweep's ``data`` from the result files of several sweeps run with one protocol.
+
+    A sweep too long for one sitting is run in parts (each ``python -m companion.lab sweep``
+    over some schemes or seeds, with its own ``--out``); each part is a whole result payload
+    (``provenance`` and ``data``). The parts must share the evaluation config and the corpus,
+    and no (scheme, seed) may appear twice. The merged ``data`` has every part's runs in order,
+    the shared ``eval_config`` and ``corpus``, ``wall_seconds`` and ``workers`` of the parts
+    summed (``wall_seconds``: the time the parts took one after the other; ``workers``: the
+    largest), and ``parts``: for each, its name, provenance, wall seconds and (scheme, seed)
+    pairs, so that a reader sees which machine ran which runs.
+
+    Raises:
+        ValueError: no parts, a part that is not a sweep result, parts with different
+            evaluation configs or corpora, or a (scheme, seed) in two parts.
+    """
+    if not parts:
+        raise ValueError("parts must hold at least one sweep result, got none")
+    names = [f"part {i}" for i in range(len(parts))] if names is None else list(names)
+    if len(names) != len(parts):
+        raise ValueError(f"names must have one entry per part ({len(parts)}), got {len(names)}")
+    runs: list[dict[str, Any]] = []
+    seen: dict[tuple[str, int], str] = {}
+    info = []
+    first = None
+    for name, part in zip(names, parts):
+        data = part.get("data") if isinstance(part, Mapping) else None
+        if not isinstance(data, Mapping) or not {"eval_config", "runs", "corpus"} <= set(data):
+            raise ValueError(f"{name} is not a sweep result (expected 'data' with 'eval_config', 'runs', 'corpus')")
+        if first is None:
+            first = (name, data)
+        else:
+            for key in ("eval_config", "corpus"):
+                if data[key] != first[1][key]:
+                    raise ValueError(f"{name} has another {key} than {first[0]}: the parts of one sweep must "
+                                     f"share one protocol ({data[key]} against {first[1][key]})")
+        pairs = []
+        for r in data["runs"]:
+            key = (r["config"]["scheme"], int(r["config"]["seed"]))
+            if key in seen:
+                raise ValueError(f"scheme {key[0]!r} seed {key[1]} is in both {seen[key]} and {name}")
+            seen[key] = name
+            pairs.append(list(key))
+            runs.append(r)
+        info.append({"name": name, "provenance": part.get("provenance"),
+                     "wall_seconds": data.get("wall_seconds"), "runs": pairs})
+    return {
+        "eval_config": first[1]["eval_config"],
+        "corpus": first[1]["corpus"],
+        "runs": runs,
+        "wall_seconds": sum(float(p["wall_seconds"] or 0.0) for p in info),
+        "workers": max(int(p["data"].get("workers", 1)) for p in parts),
+        "parts": info,
+    }
+
+
+def load_sweep(path: str | os.PathLike[str]) -> "Sweep":
+    """A :class:`Sweep` from one result file, or from a folder of parts (every ``*.json``
+    in it, in name order, merged by :func:`merge_sweeps`).
+
+    Raises:
+        FileNotFoundError: no such file or folder, or a folder without ``.json`` files.
+        ValueError: what :func:`~companion.utils.load_result` or :func:`merge_sweeps` raise.
+    """
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(path.glob("*.json"))
+        if not files:
+            raise FileNotFoundError(f"path {path} holds no .json sweep parts")
+        return Sweep(merge_sweeps([load_result(f) for f in files], names=[f.name for f in files]))
+    return Sweep(load_result(path)["data"])
 
 
 class Sweep:
