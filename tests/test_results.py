@@ -27,7 +27,8 @@ import numpy as np
 import pytest
 
 from companion.lab.extend import CSV_FIELDS
-from companion.lab.results import Extension, Sweep, difference, load_sweep, merge_sweeps
+from companion.lab.results import (Extension, Sweep, difference, load_extension, load_sweep, merge_extensions,
+                                   merge_sweeps)
 from companion.lab.stats import Interval, bootstrap_ci, paired_bootstrap_ci
 from companion.utils import load_csv, load_result, save_csv, save_result
 
@@ -814,6 +815,11 @@ def test_extension_round_trip_through_files(tmp_path, ext_case):
     assert all(isinstance(v, str) for r in loaded for v in r.values())  # the format under test
     assert loaded == _as_csv_strings(rows)
     ext = Extension(loaded, load_result(json_path)["data"])
+    _assert_same_extension(ext, mem, rows)
+
+
+def _assert_same_extension(ext: Extension, mem: Extension, rows) -> None:
+    """Every cell, block array and trial array of ``ext`` equals the in-memory run's."""
     assert (ext.methods, ext.factors, ext.steps) == (mem.methods, mem.factors, mem.steps)
     jobs = {(m, f, n) for _, m, f, n, _ in _jobs()}
     for method, factor, steps in sorted(jobs):
@@ -839,6 +845,69 @@ def test_extension_round_trip_through_files(tmp_path, ext_case):
     # the none-at-factor-1 rule holds on the file's strings ("1.0") too
     np.testing.assert_array_equal(ext.get("none", 4.0, 0, "bpb_tail", 8 * TRAIN_LEN),
                                   mem.get("none", 1.0, 0, "bpb_tail", 8 * TRAIN_LEN))
+
+
+EXT_CONFIG = {"windows": 8, "blocks": N_BLOCKS, "passkey_trials": N_TRIALS}
+
+
+def _ext_part(rows, data, seeds, wall):
+    keep = set(seeds)
+    part_rows = [r for r in rows if r["seed"] in keep]
+    units = [u for u in data["units"] if u["seed"] in keep]
+    return part_rows, {**data, "units": units, "extend_config": EXT_CONFIG, "job_seconds": 2 * wall,
+                       "wall_seconds": wall}
+
+
+def test_load_extension_from_a_folder_of_parts(tmp_path, ext_case):
+    """A run split by seed, each part saved as the extend command saves it (CSV and JSON with
+    one name), reads back as the whole run."""
+    mem, rows, data = ext_case
+    folder = tmp_path / "09_extension"
+    folder.mkdir()
+    for name, seeds, wall in (("b-late", [LATE_SEED, 1], 3.0), ("a-tuned", TUNED_SEEDS, 5.0)):
+        part_rows, part_data = _ext_part(rows, data, seeds, wall)
+        save_csv(folder / f"{name}.csv", part_rows, CSV_FIELDS, command=f"extend {name}")
+        save_result(folder / f"{name}.json", part_data, command=f"extend {name}")
+    ext = load_extension(folder)
+    _assert_same_extension(ext, mem, rows)
+    assert [p["name"] for p in ext.data["parts"]] == ["a-tuned", "b-late"]
+    assert [p["provenance"]["command"] for p in ext.data["parts"]] == ["extend a-tuned", "extend b-late"]
+    assert [p["seeds"] for p in ext.data["parts"]] == [sorted(TUNED_SEEDS), sorted([LATE_SEED, 1])]
+    assert ext.data["wall_seconds"] == 8.0 and ext.data["job_seconds"] == 16.0
+    assert ext.data["extend_config"] == EXT_CONFIG
+    assert len(ext.data["units"]) == len(data["units"])
+
+
+def test_merge_extensions_rejects_bad_parts(ext_case):
+    _, rows, data = ext_case
+    a = ({"command": "a"}, *_ext_part(rows, data, TUNED_SEEDS, 1.0))
+    b = ({"command": "b"}, *_ext_part(rows, data, [1, LATE_SEED], 1.0))
+    assert len(merge_extensions([a, b])[0]) == len(rows)
+    with pytest.raises(ValueError, match=r"job \('(yarn|none|pi)', .*\) .* is in both x and y"):
+        merge_extensions([a, a], names=["x", "y"])
+    other = ({"command": "b"}, b[1], {**b[2], "extend_config": {**EXT_CONFIG, "windows": 16}})
+    with pytest.raises(ValueError, match="y has another extend_config than x"):
+        merge_extensions([a, other], names=["x", "y"])
+    with pytest.raises(ValueError, match="at least one extension result"):
+        merge_extensions([])
+    with pytest.raises(ValueError, match=r"one entry per part \(2\), got 1"):
+        merge_extensions([a, b], names=["x"])
+    with pytest.raises(ValueError, match="z is not an extension result"):
+        merge_extensions([({}, [], {"units": []})], names=["z"])
+
+
+def test_load_extension_missing(tmp_path, ext_case):
+    _, rows, data = ext_case
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_extension(tmp_path / "absent")
+    with pytest.raises(FileNotFoundError, match="holds no .csv extension parts"):
+        load_extension(tmp_path)
+    part_rows, _ = _ext_part(rows, data, TUNED_SEEDS, 1.0)
+    save_csv(tmp_path / "only.csv", part_rows, CSV_FIELDS)
+    with pytest.raises(FileNotFoundError, match="part only.csv has no only.json"):
+        load_extension(tmp_path)
+    with pytest.raises(NotADirectoryError, match="is a file"):
+        load_extension(tmp_path / "only.csv")
 
 
 def test_interval_is_a_plain_value():

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from ..utils import load_result
+from ..utils import load_csv, load_result
 from .stats import Interval, paired_bootstrap_ci
 
-__all__ = ["Sweep", "Extension", "difference", "merge_sweeps", "load_sweep"]
+__all__ = ["Sweep", "Extension", "difference", "merge_sweeps", "load_sweep", "merge_extensions", "load_extension"]
 
 #: The bits-per-byte metrics of a sweep: all positions, the last 64 (tail), sliding window.
 BPB_METRICS = ("all", "tail", "sliding")
@@ -246,3 +246,82 @@ class Extension:
         except KeyError as exc:
             raise KeyError(f"no passkey {key!r} trials at length {length}, depth {depth!r} "
                            f"for {(method, factor, steps)}") from exc
+
+
+def merge_extensions(parts: Sequence[tuple[Mapping[str, Any], Sequence[Mapping[str, str]], Mapping[str, Any]]],
+                     names: Sequence[str] | None = None) -> tuple[list[Mapping[str, str]], dict[str, Any]]:
+    """The ``(rows, data)`` of one extension run from several run with one protocol.
+
+    Each part is ``(provenance, rows, data)``: what :func:`~companion.utils.load_csv` reads
+    from a part's CSV and the ``data`` of its JSON (``python -m companion.lab extend`` over
+    some seeds, with its own ``--out`` and ``--json``). The parts must share the
+    ``extend_config``, and no job (method, factor, fine-tune steps, seed) may appear twice.
+    ``data`` has the parts' ``units``, ``searches`` and ``finetune_logs`` concatenated,
+    ``job_seconds`` and ``wall_seconds`` summed, and ``parts``: for each, its name,
+    provenance, wall seconds and seeds.
+
+    Raises:
+        ValueError: no parts, a part without ``extend_config`` or ``units``, parts with
+            different configs, or a job in two parts.
+    """
+    if not parts:
+        raise ValueError("parts must hold at least one extension result, got none")
+    names = [f"part {i}" for i in range(len(parts))] if names is None else list(names)
+    if len(names) != len(parts):
+        raise ValueError(f"names must have one entry per part ({len(parts)}), got {len(names)}")
+    rows: list[Mapping[str, str]] = []
+    merged: dict[str, Any] = {"units": [], "searches": [], "finetune_logs": [], "job_seconds": 0.0,
+                              "wall_seconds": 0.0, "parts": []}
+    seen: dict[tuple, str] = {}
+    for name, (prov, part_rows, data) in zip(names, parts):
+        if not isinstance(data, Mapping) or "extend_config" not in data or "units" not in data:
+            raise ValueError(f"{name} is not an extension result (expected 'extend_config' and 'units')")
+        if "extend_config" not in merged:
+            merged["extend_config"], first = data["extend_config"], name
+        elif data["extend_config"] != merged["extend_config"]:
+            raise ValueError(f"{name} has another extend_config than {first}: the parts of one run must share "
+                             f"one protocol ({data['extend_config']} against {merged['extend_config']})")
+        for u in data["units"]:
+            key = (u["method"], float(u["factor"]), int(u["finetune_steps"]), int(u["seed"]))
+            if key in seen:
+                raise ValueError(f"job {key} (method, factor, steps, seed) is in both {seen[key]} and {name}")
+            seen[key] = name
+        rows.extend(part_rows)
+        for key in ("units", "searches", "finetune_logs"):
+            merged[key].extend(data.get(key, []))
+        for key in ("job_seconds", "wall_seconds"):
+            merged[key] += float(data.get(key, 0.0))
+        merged["parts"].append({"name": name, "provenance": prov, "wall_seconds": data.get("wall_seconds"),
+                                "seeds": sorted({int(u["seed"]) for u in data["units"]})})
+    return rows, merged
+
+
+def load_extension(path: str | os.PathLike[str]) -> "Extension":
+    """An :class:`Extension` from a folder of parts: every ``NAME.csv`` in it with its
+    ``NAME.json`` (the ``--out`` and ``--json`` of one ``extend`` command), in name order,
+    merged by :func:`merge_extensions`.
+
+    Raises:
+        FileNotFoundError: no such folder, a folder without ``.csv`` files, or a CSV without
+            its JSON.
+        NotADirectoryError: ``path`` is a file.
+        ValueError: what :func:`~companion.utils.load_csv`, :func:`~companion.utils.load_result`
+            or :func:`merge_extensions` raise.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"path {path} does not exist")
+    if not path.is_dir():
+        raise NotADirectoryError(f"path {path} is a file; pass the folder of an extension run's parts")
+    csvs = sorted(path.glob("*.csv"))
+    if not csvs:
+        raise FileNotFoundError(f"path {path} holds no .csv extension parts")
+    parts = []
+    for f in csvs:
+        js = f.with_suffix(".json")
+        if not js.is_file():
+            raise FileNotFoundError(f"part {f.name} has no {js.name} beside it (the --json of its command)")
+        prov, rows = load_csv(f)
+        parts.append((prov, rows, load_result(js)["data"]))
+    rows, data = merge_extensions(parts, names=[f.stem for f in csvs])
+    return Extension(rows, data)
