@@ -320,11 +320,18 @@ def normalize_mask(
       ``0`` = masked, converted to a bool ``allowed``. Any other value raises ``ValueError``
       (pass a bool mask, or a float additive mask);
     * floating: added to the logits (``0`` keeps, ``-inf`` removes), returned as ``additive``.
+      A float mask of only ``0.0`` and ``1.0`` (at least one ``1.0``) raises ``ValueError``:
+      added to the logits it masks nothing, so it is a keep-mask given the wrong dtype. An
+      all-zero float mask is a valid additive mask.
 
     The mask must broadcast to ``shape = (batch, heads, q_len, k_len)`` under torch's rules
-    (trailing dimensions align: a 2-D mask is ``(q_len, k_len)``), else ``ValueError``.
-    The returned tensor keeps the mask's own (broadcastable) shape; it is moved to
-    ``device`` when given.
+    (trailing dimensions align: a 2-D mask is ``(q_len, k_len)``, a 3-D one ``(heads, q_len,
+    k_len)``), else ``ValueError``. A 2-D mask of shape ``(batch, k_len)`` (a HuggingFace
+    padding mask) is never read as ``(q_len, k_len)``: where the readings differ (``batch >
+    1``) it raises ``ValueError`` giving the 4-D form to pass, ``attn_mask[:, None, None, :]``,
+    and, where ``batch = q_len`` makes the shape ambiguous, ``attn_mask[None, None]`` for a
+    ``(q_len, k_len)`` mask. The returned tensor keeps the mask's own (broadcastable) shape; it
+    is moved to ``device`` when given.
     """
     if attn_mask is None:
         return None, None
@@ -337,10 +344,15 @@ def normalize_mask(
             f"{name} must have at most 4 dimensions (batch, heads, q_len, k_len), got shape "
             f"{tuple(attn_mask.shape)}"
         )
+    _check_mask_reading(attn_mask, shape, name)
     if not broadcasts_to(attn_mask.shape, shape):
+        hint = ""
+        if attn_mask.dim() == 3 and tuple(attn_mask.shape) == (b, lq, lk):
+            hint = (f"; a 3-D mask is read as (heads, q_len, k_len): pass {name}[:, None] for a "
+                    f"(batch, q_len, k_len) mask")
         raise ValueError(
             f"{name} shape {tuple(attn_mask.shape)} must broadcast to "
-            f"(batch, heads, q_len, k_len) = {tuple(shape)}"
+            f"(batch, heads, q_len, k_len) = {tuple(shape)}{hint}"
         )
     if device is not None and attn_mask.device != device:
         attn_mask = attn_mask.to(device)
@@ -356,8 +368,42 @@ def normalize_mask(
             )
         return attn_mask == 1, None
     if attn_mask.is_floating_point():
+        if bool((attn_mask == 1).any()) and bool(((attn_mask == 0) | (attn_mask == 1)).all()):
+            raise ValueError(
+                f"{name} is a float mask holding only 0.0 and 1.0, which looks like a keep-mask "
+                f"(1 = attend), but a float mask is added to the logits, where 0.0 and 1.0 both "
+                f"leave every key visible; pass a bool mask ({name}.bool(), True = attend) or an "
+                f"additive float mask with -inf (or a large negative number) for the masked keys "
+                f"and 0.0 for the others"
+            )
         return None, attn_mask
     raise TypeError(f"{name} must be a bool, integer or floating tensor, got dtype {attn_mask.dtype}")
+
+
+def _check_mask_reading(attn_mask: torch.Tensor, shape: tuple[int, int, int, int], name: str) -> None:
+    """Refuse a 2-D mask of shape ``(batch, k_len)`` where reading it as torch does, as
+    ``(q_len, k_len)``, would differ from reading it as a HuggingFace padding mask (``batch
+    != 1``). Where ``batch = q_len`` the shape fits both and nothing can tell them apart: the
+    message names both 4-D forms. A ``(1, k_len)`` mask means the same under both readings."""
+    b, _, lq, lk = shape
+    if attn_mask.dim() != 2 or tuple(attn_mask.shape) != (b, lk) or b == 1:
+        return
+    if lq == b:
+        if b == 0:  # empty batch and no queries: both readings give the same empty output
+            return
+        raise ValueError(
+            f"{name} has shape {(b, lk)}, which is both (batch, k_len), a HuggingFace padding "
+            f"mask, and (q_len, k_len), how torch reads a 2-D mask; the two readings give "
+            f"different results and batch = q_len = {b} cannot tell them apart, so pass a 4-D "
+            f"mask: {name}[:, None, None, :] for a (batch, k_len) padding mask (True = attend), "
+            f"or {name}[None, None] for a (q_len, k_len) mask"
+        )
+    raise ValueError(
+        f"{name} has shape {(b, lk)} = (batch, k_len), which looks like a HuggingFace padding "
+        f"mask (a tokenizer's attention_mask, 1 = token, 0 = padding), but a 2-D mask is read "
+        f"as (q_len, k_len) = {(lq, lk)}; pass {name}[:, None, None, :] (shape (batch, 1, 1, "
+        f"k_len), bool or 0/1 integer, True = attend)"
+    )
 
 
 # --- helpers added for rope and kernels ---

@@ -276,7 +276,7 @@ def test_path_respects_the_mask_budget(monkeypatch):
     shared_pad, row_pad = torch.ones(1, 1, 1, 8, dtype=torch.bool), torch.ones(2, 1, 1, 8, dtype=torch.bool)
     assert attention_path(q, k, v, NoPE(), causal=True, attn_mask=shared_pad) == "sdpa-mask"
     assert attention_path(q, k, v, NoPE(), causal=True, attn_mask=row_pad) == "blockwise"  # (2, 1, 8, 8)
-    assert attention_path(q, k, v, NoPE(), causal=True, attn_mask=shared_pad.float()) == "blockwise"  # float32
+    assert attention_path(q, k, v, NoPE(), causal=True, attn_mask=torch.zeros(1, 1, 1, 8)) == "blockwise"  # float32 additive
 
 
 def test_path_reference_cases():
