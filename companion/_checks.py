@@ -560,3 +560,46 @@ def as_grid_positions(
     if device is not None and pos.device != device:
         pos = pos.to(device)
     return pos
+
+
+# --- bases, floating tensors, files: one rule each for every module ---
+
+
+def check_base(base: object, name: str = "base") -> float:
+    """Require the base of a geometric frequency ladder ``base ** (-2 i / d)`` (sinusoidal
+    tables, RoPE and its grid and scaled forms, ``rope_theta``): a finite number ``> 1``.
+
+    ``base = 1`` gives every pair the frequency 1 (all pairs turn alike, so the table carries
+    no more than one pair's information), and ``base < 1`` turns the ladder upside down; both
+    raise ``ValueError`` naming ``name``. Strings, bools and ``None`` raise ``TypeError``.
+    """
+    return check_finite_number(base, name, above=1)
+
+
+def check_float_tensor(x: object, name: str, ndim: int | None = None) -> torch.Tensor:
+    """Require a floating-point tensor (optionally of ``ndim`` dimensions) that holds data.
+
+    An integer or bool tensor raises ``TypeError`` naming ``name``: adding a float table or
+    rotating in its dtype would truncate the result (``sin`` and ``cos`` to 0 and 1)."""
+    check_tensor(x, name, ndim)
+    assert isinstance(x, torch.Tensor)
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    return check_has_data(x, name)
+
+
+def check_file(path: object, name: str = "path", what: str = "a file") -> Path:
+    """Require the path of an existing file; return it as a ``Path``.
+
+    A folder raises ``IsADirectoryError`` and a missing path ``FileNotFoundError``; both
+    messages name ``name``, the path, and ``what`` was expected (``"a .gguf file"``, say).
+    Anything but a ``str`` or ``os.PathLike`` raises ``TypeError`` (:func:`check_path`).
+    """
+    p = check_path(path, name)
+    if p.is_dir():
+        raise IsADirectoryError(f"{name} {p} is a directory (a folder), not a file; pass the path of {what}")
+    if not p.is_file():
+        if p.exists():
+            raise FileNotFoundError(f"{name} {p} is not a regular file; pass the path of {what}")
+        raise FileNotFoundError(f"{name} {p} does not exist; pass the path of {what}")
+    return p

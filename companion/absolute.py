@@ -41,9 +41,11 @@ from torch import Tensor, nn
 
 from ._checks import (
     as_positions,
+    check_base,
     check_bool,
     check_finite_number,
     check_float_dtype,
+    check_float_tensor,
     check_int_tensor,
     check_position_range,
     check_positive_int,
@@ -62,10 +64,6 @@ __all__ = [
 ]
 
 
-def _check_base(base: object) -> float:
-    return check_finite_number(base, "base", above=1)
-
-
 def sinusoidal_frequencies(dim: int, base: float = 10000.0) -> Tensor:
     """Angular frequency of every column: ``omega_j = base ** (-2 * (j // 2) / dim)``.
 
@@ -73,7 +71,7 @@ def sinusoidal_frequencies(dim: int, base: float = 10000.0) -> Tensor:
     frequency. Radians per position (Vaswani et al., :cite:`vaswani2017attention`).
     """
     check_positive_int(dim, "dim")
-    base = _check_base(base)
+    base = check_base(base)
     pair = torch.div(torch.arange(dim, dtype=torch.int64), 2, rounding_mode="floor")
     return torch.pow(torch.tensor(base, dtype=torch.float64), -(2.0 * pair.double()) / dim)
 
@@ -131,8 +129,11 @@ def sinusoidal_table(
 
 
 def _embed_positions(x: Tensor, pos: Tensor | Sequence[int] | None, dim: int) -> Tensor:
-    """Validate ``x`` ``(batch, seq, dim)`` and its positions; return int64 positions."""
-    check_tensor(x, "x", 3)
+    """Validate a floating ``x`` ``(batch, seq, dim)`` and its positions; return int64 positions.
+
+    An integer ``x`` raises ``TypeError``: the float encoding added in its dtype would be
+    truncated (``sin`` and ``cos`` to 0 and 1)."""
+    check_float_tensor(x, "x", 3)
     if x.shape[-1] != dim:
         raise ValueError(f"x must have last dimension {dim} (the scheme's dim), got {x.shape[-1]}")
     b, n, _ = x.shape
@@ -156,7 +157,7 @@ class SinusoidalEmbedding(PositionScheme):
     def __init__(self, dim: int, base: float = 10000.0) -> None:
         super().__init__()
         self.dim = check_positive_int(dim, "dim")
-        self.base = _check_base(base)
+        self.base = check_base(base)
 
     def encoding(self, pos: Tensor) -> Tensor:
         """The (unscaled) encoding of integer positions ``pos``, float64."""

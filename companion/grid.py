@@ -49,13 +49,25 @@ from torch import Tensor, nn
 
 from ._checks import (
     as_grid_positions,
+    check_base,
     check_finite_number,
+    check_float_dtype,
+    check_float_tensor,
     check_int_tensor,
     check_positive_int,
     check_tensor,
 )
 from .attention import PositionScheme
-from .rope import _FP32_EXACT_INT, _rotate, check_layout, check_qk_head_dim, check_rotary_dim, rope_frequencies
+from .rope import (
+    _FP32_EXACT_INT,
+    _rotate,
+    check_inv_freq,
+    check_layout,
+    check_qk_head_dim,
+    check_rotary_dim,
+    check_scheme_device,
+    rope_frequencies,
+)
 
 __all__ = [
     "GRID_SCHEMES",
@@ -132,8 +144,8 @@ def sinusoidal_2d_table(positions: Tensor, dim: int, base: float = 10000.0, *,
     Args:
         positions: integer ``(..., 2)``, ``(row, col)`` (from :func:`grid_positions`).
         dim: channels, a positive multiple of 4.
-        base: the ``10000`` of the formula, > 0.
-        dtype: the floating dtype of the result.
+        base: the ``10000`` of the formula, a finite number > 1.
+        dtype: the floating dtype of the result (an integer dtype raises ``TypeError``).
 
     Returns:
         ``positions.shape[:-1] + (dim,)``.
@@ -144,7 +156,8 @@ def sinusoidal_2d_table(positions: Tensor, dim: int, base: float = 10000.0, *,
     check_positive_int(dim, "dim")
     if dim % 4:
         raise ValueError(f"dim must be a multiple of 4 (sin and cos for each of 2 axes), got {dim}")
-    base = check_finite_number(base, "base")
+    base = check_base(base)
+    check_float_dtype(dtype)
     q = dim // 4
     omega = 1.0 / base ** (torch.arange(q, dtype=torch.float64, device=pos.device) / q)
     blocks = []
@@ -155,7 +168,7 @@ def sinusoidal_2d_table(positions: Tensor, dim: int, base: float = 10000.0, *,
 
 
 def _embed_grid(x: object, pos: object, dim: int, axes: int) -> Tensor:
-    check_tensor(x, "x", 3)
+    check_float_tensor(x, "x", 3)
     assert isinstance(x, Tensor)
     if x.shape[-1] != dim:
         raise ValueError(f"x must have last dimension {dim} (the scheme's d_model), got {x.shape[-1]}")
@@ -180,7 +193,7 @@ class Sinusoidal2DEmbedding(PositionScheme):
         self.d_model = check_positive_int(d_model, "d_model")
         if d_model % 4:
             raise ValueError(f"d_model must be a multiple of 4 (sin and cos for each of 2 axes), got {d_model}")
-        self.base = check_finite_number(base, "base")
+        self.base = check_base(base)
 
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
         """``x + table[pos]``; ``x`` ``(batch, seq, d_model)``, ``pos`` ``(seq, 2)`` or
@@ -346,6 +359,8 @@ class _GridRotary(PositionScheme):
     #: whether each head has its own frequencies (tables ``(..., heads, seq, P)``) or all
     #: heads share them (``(..., seq, P)``)
     per_head: bool = False
+    #: the attribute holding the frequencies (the device the tables are built on)
+    _freq_attr: str = "freqs"
 
     def _angles(self, pos: Tensor, dtype: torch.dtype) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -367,6 +382,7 @@ class _GridRotary(PositionScheme):
         check_qk_head_dim(q, k, self.head_dim)
         if k.device != q.device:
             raise ValueError(f"k is on {k.device} but q is on {q.device}")
+        check_scheme_device(q, "q", getattr(self, self._freq_attr), type(self).__name__)
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         """Rotate ``q`` at grid positions ``q_pos`` and ``k`` at ``k_pos`` (``(seq, A)`` or
@@ -418,7 +434,7 @@ class AxialRoPE(_GridRotary):
         self.position_axes = n_axes
         self.rotary_dim = check_rotary_dim(rotary_dim, head_dim)
         self.layout = check_layout(layout)
-        self.base = check_finite_number(base, "base")
+        self.base = check_base(base)
         freqs = axial_rope_frequencies(self.rotary_dim, n_axes, self.base)
         self.register_buffer("freqs", freqs, persistent=False)
         self.register_buffer("freqs64", axial_rope_frequencies(self.rotary_dim, n_axes, self.base,
@@ -479,7 +495,7 @@ class MixedRoPE(_GridRotary):
             raise ValueError(
                 f"rotary_dim must be a multiple of 4 (two directions per frequency), got {self.rotary_dim}")
         self.layout = check_layout(layout)
-        self.base = check_finite_number(base, "base")
+        self.base = check_base(base)
         if not isinstance(rotate_init, bool):
             raise TypeError(f"rotate_init must be a bool, got {type(rotate_init).__name__}")
         r = self.rotary_dim
@@ -635,6 +651,7 @@ class MRoPE(_GridRotary):
     """
 
     position_axes = 3
+    _freq_attr = "inv_freq"
 
     def __init__(self, head_dim: int, mrope_section: Sequence[int] = (16, 24, 24), base: float = 10000.0, *,
                  rotary_dim: int | None = None, inv_freq: Tensor | None = None,
@@ -650,15 +667,11 @@ class MRoPE(_GridRotary):
         _axis_of_pair(self.mrope_section, interleaved)  # validates the interleaved sections
         self.attention_factor = check_finite_number(attention_factor, "attention_factor")
         if inv_freq is None:
-            self.base: float | None = check_finite_number(base, "base")
+            self.base: float | None = check_base(base)
             inv_freq = rope_frequencies(self.rotary_dim, self.base)
             inv64 = rope_frequencies(self.rotary_dim, self.base, dtype=torch.float64)
         else:
-            check_tensor(inv_freq, "inv_freq", 1)
-            if inv_freq.shape != (self.rotary_dim // 2,) or not inv_freq.dtype.is_floating_point:
-                raise ValueError(
-                    f"inv_freq must be a floating tensor of shape ({self.rotary_dim // 2},), got "
-                    f"{tuple(inv_freq.shape)} {inv_freq.dtype}")
+            check_inv_freq(inv_freq, self.rotary_dim // 2)
             self.base = None
             inv64 = inv_freq.to(torch.float64)
         self.register_buffer("inv_freq", inv_freq.detach().clone(), persistent=False)

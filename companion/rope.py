@@ -46,11 +46,13 @@ from torch import Tensor
 
 from ._checks import (
     as_positions,
+    check_base,
     check_bool,
     check_choice,
     check_device,
     check_finite_number,
     check_float_dtype,
+    check_float_tensor,
     check_has_data,
     check_int_tensor,
     check_position_range,
@@ -76,6 +78,8 @@ __all__ = [
     "rope_table_rows",
     "check_rope_args",
     "check_qk_head_dim",
+    "check_inv_freq",
+    "check_scheme_device",
     "RotaryEmbedding",
     "positions_from_mask",
     "layout_permutation",
@@ -157,11 +161,43 @@ def _check_table_dtype(dtype: object, name: str) -> torch.dtype:
 
 
 def _check_activation(x: object, name: str) -> Tensor:
-    """A 4-D floating-point tensor ``(batch, heads, seq, head_dim)``."""
-    check_tensor(x, name, 4)
-    if not x.dtype.is_floating_point:  # type: ignore[union-attr]
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")  # type: ignore[union-attr]
-    return x  # type: ignore[return-value]
+    """A 4-D floating-point tensor ``(batch, heads, seq, head_dim)`` that holds data (a
+    ``meta`` tensor is refused under its own name, before any table is built for it)."""
+    return check_float_tensor(x, name, 4)
+
+
+def check_scheme_device(x: Tensor, name: str, buffer: Tensor, scheme: str) -> None:
+    """Require ``x`` on the device of a scheme's ``buffer`` (its frequencies): the scheme
+    builds its cos/sin tables there, so ``ValueError`` names ``x``, both devices and the
+    ``.to`` call that fixes it (rather than a complaint about tables the caller never passed)."""
+    if x.device != buffer.device:
+        raise ValueError(
+            f"{name} is on {x.device} but this {scheme}'s frequencies are on {buffer.device}; "
+            f"move the scheme to {name}'s device with .to({str(x.device)!r})"
+        )
+
+
+def check_inv_freq(inv_freq: object, pairs: int, name: str = "inv_freq") -> Tensor:
+    """Require inverse frequencies for ``pairs`` rotated pairs: a floating ``(pairs,)`` tensor
+    of finite values ``>= 0``. 0 is allowed: a pair with zero frequency does not rotate
+    (p-RoPE, Gemma 4's ``proportional`` type); NaN, inf and negative values raise
+    ``ValueError`` naming the first bad entry. Every scheme that takes custom frequencies
+    (:class:`RotaryEmbedding`, :class:`companion.grid.MRoPE`) checks them here."""
+    check_tensor(inv_freq, name, 1)
+    assert isinstance(inv_freq, Tensor)
+    if inv_freq.shape != (pairs,):
+        raise ValueError(f"{name} must have shape (rotary_dim // 2,) = ({pairs},), got {tuple(inv_freq.shape)}")
+    if not inv_freq.dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {inv_freq.dtype}")
+    check_has_data(inv_freq, name)
+    bad = ~torch.isfinite(inv_freq) | (inv_freq < 0)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"{name} must hold finite values > 0 (or 0 for a pair that does not rotate), got "
+            f"{inv_freq[i].item()} at index {i}"
+        )
+    return inv_freq
 
 
 def check_qk_head_dim(q: object, k: object, head_dim: int) -> None:
@@ -336,7 +372,8 @@ def rope_frequencies(
 
     Args:
         dim: rotated dimensions, a positive even int.
-        base: the RoPE base ("theta"), > 0; 10000 in the paper, 500000 in Llama 3.
+        base: the RoPE base ("theta"), a finite number > 1 (at 1 every pair would turn at
+            frequency 1); 10000 in the paper, 500000 in Llama 3.
         device: where to build the tensor.
         dtype: ``torch.float32`` (HuggingFace's values, the default) or ``torch.float64``
             (the same formula evaluated in float64, for float64 tables).
@@ -347,7 +384,7 @@ def rope_frequencies(
     check_positive_int(dim, "dim", minimum=2)
     if dim % 2:
         raise ValueError(f"dim must be even (coordinates are rotated in pairs), got {dim}")
-    base = check_finite_number(base, "base")
+    base = check_base(base)
     dtype = _check_table_dtype(dtype, "dtype")
     device = None if device is None else check_device(device)
     exponent = torch.arange(0, dim, 2, dtype=torch.int64, device=device).to(dtype) / dim
@@ -773,16 +810,8 @@ class RotaryEmbedding(PositionScheme):
         For scaling methods that change the frequencies at run time (dynamic NTK). The
         frequencies are then custom: float64 tables use them as given (see the class doc).
         """
-        check_tensor(inv_freq, "inv_freq", 1)
         h = self.rotary_dim // 2
-        if inv_freq.shape != (h,):
-            raise ValueError(f"inv_freq must have shape (rotary_dim // 2,) = ({h},), got {tuple(inv_freq.shape)}")
-        if not inv_freq.dtype.is_floating_point:
-            raise TypeError(f"inv_freq must be a floating-point tensor, got dtype {inv_freq.dtype}")
-        # 0 is allowed: a pair with zero frequency does not rotate (p-RoPE, Gemma 4's
-        # "proportional" type); negative or non-finite frequencies are errors.
-        if not bool(torch.isfinite(inv_freq).all()) or bool((inv_freq < 0).any()):
-            raise ValueError("inv_freq must hold finite values > 0 (or 0 for a pair that does not rotate)")
+        check_inv_freq(inv_freq, h)
         attention_scaling = check_finite_number(attention_scaling, "attention_scaling")
         self.base = None
         device = self.inv_freq.device if self.inv_freq.numel() else inv_freq.device
@@ -840,6 +869,8 @@ class RotaryEmbedding(PositionScheme):
 
         float64 ``q`` or ``k`` are rotated with float64 tables (see the class doc)."""
         check_qk_head_dim(q, k, self.head_dim)
+        check_scheme_device(q, "q", self.inv_freq, type(self).__name__)
+        check_scheme_device(k, "k", self.inv_freq, type(self).__name__)
         q_pos = as_positions(q_pos, "q_pos", q.shape[2], q.shape[0], q.device)
         k_pos = as_positions(k_pos, "k_pos", k.shape[2], k.shape[0], k.device)
         if self.rope_spec is not None and self.rope_spec.is_dynamic:

@@ -65,7 +65,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._checks import check_finite_number, check_positive_int
+from ._checks import check_base, check_finite_number, check_positive_int
 
 __all__ = [
     "ROPE_TYPES",
@@ -144,10 +144,16 @@ class RopeSpec:
 # ----------------------------------------------------------------------------- parsing
 
 
-def _number(params: Mapping[str, Any], key: str, *, minimum: float | None = None, above: float | None = None) -> float:
-    value = params[key]
+def _number(params: Mapping[str, Any], key: str, *, minimum: float | None = None, above: float | None = None,
+            where: str = "rope_config") -> float:
+    """``params[key]`` as a float, checked by :func:`check_finite_number`; the message names
+    ``where[key]``, the value and its type, and the range. ``key == "rope_theta"`` is a base
+    (:func:`check_base`, > 1)."""
+    value, name = params[key], f"{where}[{key!r}]"
     try:
-        return check_finite_number(value, f"rope_config[{key!r}]", minimum=minimum, above=above)
+        if key == "rope_theta":
+            return check_base(value, name)
+        return check_finite_number(value, name, minimum=minimum, above=above)
     except TypeError as exc:  # a string or None where a number belongs: a bad config, so ValueError
         raise ValueError(str(exc)) from None
 
@@ -195,16 +201,21 @@ def _rotary_dim(head_dim: object, partial_rotary_factor: object) -> int:
 
 
 def _proportional_dim(head_dim: object, partial_rotary_factor: object) -> int:
-    """``proportional`` rotates the whole head: ``head_dim`` must be even, the factor in (0, 1]."""
+    """``proportional`` rotates the whole head: ``head_dim`` must be even, the factor in [0, 1].
+
+    ``0`` is allowed, as in HuggingFace: no pair rotates (every frequency is 0), which is
+    p-RoPE with ``p = 0`` (:class:`companion.rope_variants.PRoPE`), i.e. NoPE."""
     check_positive_int(head_dim, "head_dim", minimum=2)
     if head_dim % 2:  # type: ignore[operator]
         raise ValueError(
             f"head_dim must be even for rope_type='proportional' (its rotation covers the whole head, "
             f"in pairs), got {head_dim}"
         )
-    prf = check_finite_number(partial_rotary_factor, "partial_rotary_factor")
+    prf = check_finite_number(partial_rotary_factor, "partial_rotary_factor", minimum=0.0)
     if prf > 1:
-        raise ValueError(f"partial_rotary_factor must lie in (0, 1], got {partial_rotary_factor!r}")
+        raise ValueError(
+            f"partial_rotary_factor must lie in [0, 1] for rope_type='proportional', got {partial_rotary_factor!r}"
+        )
     return head_dim  # type: ignore[return-value]
 
 
@@ -226,8 +237,8 @@ def rope_parameters_from_legacy(rope_scaling: Mapping[str, Any] | None, rope_the
         out["rope_type"] = legacy
     out.setdefault("rope_type", "default")
     if rope_theta is not None:
-        theta = check_finite_number(rope_theta, "rope_theta")
-        if "rope_theta" in out and float(out["rope_theta"]) != theta:
+        theta = check_base(rope_theta, "rope_theta")
+        if "rope_theta" in out and _number(out, "rope_theta", where="rope_scaling") != theta:
             raise ValueError(f"rope_scaling holds rope_theta={out['rope_theta']!r} but rope_theta={rope_theta!r} was passed")
         out["rope_theta"] = rope_theta
     return {"rope_type": out.pop("rope_type"), **out}
@@ -260,14 +271,17 @@ def parse_rope_config(
     rope_type = params.get("rope_type", legacy if legacy is not None else "default")
     if legacy is not None and rope_type != legacy:
         raise ValueError(f"rope_config has type={legacy!r} and rope_type={rope_type!r}; they must agree (v5 uses rope_type)")
-    if rope_type not in _REQUIRED:
+    if not isinstance(rope_type, str) or rope_type not in _REQUIRED:
         raise ValueError(f"rope_config['rope_type'] must be one of {list(ROPE_TYPES)}, got {rope_type!r}")
     params["rope_type"] = rope_type
 
     if max_position_embeddings is not None:
         check_positive_int(max_position_embeddings, "max_position_embeddings")
+    # proportional allows 0 (no pair rotates, as in HuggingFace); other types need a rotary dim >= 2
+    least = 0.0 if rope_type == "proportional" else None
+    partial_rotary_factor = check_finite_number(partial_rotary_factor, "partial_rotary_factor", minimum=least)
     if "partial_rotary_factor" in params:
-        in_dict = _number(params, "partial_rotary_factor")
+        in_dict = _number(params, "partial_rotary_factor", minimum=least)
         if partial_rotary_factor != 1.0 and float(partial_rotary_factor) != in_dict:
             raise ValueError(
                 f"partial_rotary_factor={partial_rotary_factor!r} disagrees with "
@@ -293,8 +307,6 @@ def parse_rope_config(
             f"(companion.scaling.rope_parameters_from_legacy)", UserWarning, stacklevel=2)
         params["rope_theta"] = DEFAULT_THETA
     theta = _number(params, "rope_theta")
-    if theta <= 1:
-        raise ValueError(f"rope_config['rope_theta'] must be > 1 (the RoPE base), got {params['rope_theta']!r}")
 
     known = set(_COMMON) | set(_REQUIRED[rope_type]) | set(_OPTIONAL[rope_type])
     unknown = sorted(set(params) - known)
@@ -383,7 +395,9 @@ def ntk_base(base: float, factor: float, dim: int) -> float:
     """The NTK-aware base ``b * s ** (d / (d - 2))`` (see the chapter for the derivation).
 
     It keeps ``theta_0 = 1`` and divides the lowest frequency ``theta_{d/2-1}`` by exactly ``s``.
+    ``base`` is a finite number > 1 (:func:`companion._checks.check_base`).
     """
+    check_base(base)
     return base * factor ** (dim / (dim - 2))
 
 
@@ -393,8 +407,9 @@ def dynamic_ntk_base(base: float, factor: float, dim: int, seq_len: int | Tensor
     At ``n <= M`` this is ``b`` (plain RoPE). Note that at ``n = s M`` the effective NTK scale is
     ``s**2 - s + 1``, not ``s``: ``factor`` here is a rate, not the target extension.
     A 0-d integer tensor ``seq_len`` (what HuggingFace's forward pass passes) is computed with
-    tensor arithmetic, in float32, as HuggingFace does.
+    tensor arithmetic, in float32, as HuggingFace does. ``base`` is a finite number > 1.
     """
+    check_base(base)
     if isinstance(seq_len, Tensor):
         n = torch.maximum(seq_len, torch.tensor(max_position_embeddings, dtype=seq_len.dtype, device=seq_len.device))
     else:
@@ -417,7 +432,10 @@ def yarn_correction_range(beta_fast: float, beta_slow: float, dim: int, base: fl
     which it turns ``r`` times is ``d ln(L / (2 pi r)) / (2 ln b)``. ``low`` is that index for
     ``beta_fast`` rotations and ``high`` for ``beta_slow``; with ``truncate`` they are floored and
     ceiled; then clamped to ``[0, d - 1]`` (HuggingFace's and YaRN's bound, ``d``, not ``d/2``).
+    ``base`` is a finite number > 1 (at 1 the index divides by ``ln b = 0``).
     """
+    check_base(base)
+
     def index(rotations: float) -> float:
         return (dim * math.log(original_max_position_embeddings / (rotations * 2 * math.pi))) / (2 * math.log(base))
 

@@ -284,3 +284,18 @@ def test_learned_out_of_range_names_the_limit():
     with pytest.raises(TypeError, match="pos must hold integers"):
         emb.lookup(torch.tensor([1.0]))
     assert emb.lookup([511]).shape == (1, 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.bool])
+def test_integer_dtypes_are_refused(dtype):
+    """An integer table truncates sin and cos to 0 and 1, and an integer x would get the
+    truncated encoding added: both raise TypeError naming the argument."""
+    with pytest.raises(TypeError, match=rf"dtype must be a floating-point torch.dtype .*got {dtype}"):
+        sinusoidal_table(4, 8, dtype=dtype)
+    with pytest.raises(TypeError, match=rf"dtype must be a floating-point torch.dtype .*got {dtype}"):
+        sinusoidal_encoding([0, 1], 8, dtype=dtype)
+    x = torch.zeros(1, 3, 8, dtype=dtype)
+    for scheme in (SinusoidalEmbedding(8), ScaledSinusoidalEmbedding(8), LearnedPositionalEmbedding(4, 8)):
+        with pytest.raises(TypeError, match=rf"x must be a floating-point tensor, got dtype {dtype}"):
+            scheme.embed(x)
+    assert SinusoidalEmbedding(8).embed(torch.zeros(1, 3, 8, dtype=torch.float16)).dtype == torch.float16

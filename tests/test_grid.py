@@ -1382,3 +1382,49 @@ def test_grid_schemes_on_every_fast_path_with_masks_and_gradients(name, scheme, 
     torch.testing.assert_close(fast, ref, rtol=0, atol=tol)
     for g, r in zip(fast_g, ref_g):
         torch.testing.assert_close(g, r, rtol=0, atol=tol * max(1.0, float(r.abs().max())))
+
+
+# ============================================================================ issue 29, round 2
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+def test_integer_dtypes_are_refused(dtype):
+    """An integer 2-D table truncates sin and cos to 0 and 1; an integer x would get it added."""
+    pos = grid_positions((2, 3))
+    with pytest.raises(TypeError, match=rf"dtype must be a floating-point torch.dtype .*got {dtype}"):
+        sinusoidal_2d_table(pos, 16, dtype=dtype)
+    x = torch.zeros(1, 6, 16, dtype=dtype)
+    for scheme in (Sinusoidal2DEmbedding(16), LearnedGridEmbedding((2, 3), 16)):
+        with pytest.raises(TypeError, match=rf"x must be a floating-point tensor, got dtype {dtype}"):
+            scheme.embed(x, pos)
+
+
+@pytest.mark.parametrize("base", [1, 0.5, float("nan")])
+def test_grid_bases_follow_the_one_rule(base):
+    pos = grid_positions((2, 3))
+    for make in (lambda: sinusoidal_2d_table(pos, 16, base), lambda: Sinusoidal2DEmbedding(16, base),
+                 lambda: AxialRoPE(8, 2, base), lambda: MixedRoPE(8, 2, base), lambda: MRoPE(8, (2, 1, 1), base),
+                 lambda: axial_rope_frequencies(8, 2, base)):
+        with pytest.raises(ValueError, match=r"base must be a finite number > 1, got"):
+            make()
+
+
+def test_mrope_refuses_nan_frequencies_as_rotary_embedding_does():
+    inv = torch.tensor([1.0, float("nan"), 0.01, 0.001])
+    msg = r"inv_freq must hold finite values > 0 \(or 0 for a pair that does not rotate\), got nan at index 1"
+    with pytest.raises(ValueError, match=msg):
+        MRoPE(8, (2, 1, 1), inv_freq=inv)
+    with pytest.raises(ValueError, match=msg):
+        RotaryEmbedding(8, inv_freq=inv)
+
+
+@pytest.mark.parametrize("make", [lambda: AxialRoPE(8, 2), lambda: MixedRoPE(8, 2), lambda: MRoPE(8, (2, 1, 1))])
+def test_grid_rotate_names_the_device_and_meta_tensors(make):
+    scheme = make()
+    q = rand(1, 2, 5, 8)
+    pos = torch.zeros(5, scheme.position_axes, dtype=torch.long)
+    name = type(scheme).__name__
+    with pytest.raises(ValueError, match=rf"q is on cpu but this {name}'s frequencies are on meta; move the scheme"):
+        scheme.to("meta").rotate(q, q, pos, pos)
+    with pytest.raises(ValueError, match=r"q is a meta tensor \(a shape without data\)"):
+        make().rotate(q.to("meta"), q.to("meta"), pos, pos)

@@ -532,7 +532,7 @@ def test_more_errors():
         rope_rotate(q[0], cos, sin)
     with pytest.raises(ValueError, match="dim must be even"):
         rope_frequencies(7)
-    with pytest.raises(ValueError, match="base must be a finite number > 0"):
+    with pytest.raises(ValueError, match="base must be a finite number > 1, got -1.0"):
         rope_frequencies(8, base=-1.0)
     with pytest.raises(ValueError, match="compute_dtype must be torch.float32 or torch.float64"):
         rope_cos_sin(4, rope_frequencies(8), compute_dtype=torch.bfloat16)
@@ -548,3 +548,67 @@ def test_more_errors():
         convert_qk_weight(rand(10, 4), 3, "interleaved", "half")
     with pytest.raises(ValueError, match="already gathered per row"):
         apply_rope(q, k, cos[None, :4], sin[None, :4], offset=1)
+
+
+# ----------------------------------------------------------------------------- issue 29, round 2
+
+
+@pytest.mark.parametrize("base", [1, 1.0, 0.5])
+def test_a_base_of_one_or_less_is_refused_everywhere(base):
+    """base = 1 gave all-ones frequencies (every pair turning alike); base < 1 reverses the
+    ladder. One rule (companion._checks.check_base) for every function that takes a base."""
+    from companion.absolute import SinusoidalEmbedding, sinusoidal_table
+    from companion.grid import AxialRoPE, MixedRoPE, MRoPE, Sinusoidal2DEmbedding, sinusoidal_2d_table
+    from companion.scaling import compute_inv_freq
+
+    msg = rf"base must be a finite number > 1, got {base}"
+    for make in (lambda: rope_frequencies(8, base), lambda: RotaryEmbedding(8, base=base),
+                 lambda: sinusoidal_table(4, 8, base), lambda: SinusoidalEmbedding(8, base),
+                 lambda: sinusoidal_2d_table(torch.zeros(3, 2, dtype=torch.long), 8, base),
+                 lambda: Sinusoidal2DEmbedding(8, base), lambda: AxialRoPE(8, 2, base),
+                 lambda: MixedRoPE(8, 2, base), lambda: MRoPE(8, (2, 1, 1), base)):
+        with pytest.raises(ValueError, match=msg):
+            make()
+    with pytest.raises(ValueError, match=rf"rope_config\['rope_theta'\] must be a finite number > 1, got {base}"):
+        compute_inv_freq({"rope_type": "default", "rope_theta": base}, 8)
+
+
+def test_custom_frequencies_share_one_check():
+    """RotaryEmbedding and MRoPE validate custom inv_freq with one function (MRoPE accepted NaN)."""
+    from companion.grid import MRoPE
+
+    for bad, shown in ((float("nan"), "nan"), (float("inf"), "inf"), (-1.0, "-1.0")):
+        inv = torch.tensor([1.0, 0.1, bad, 0.001])
+        for make in (lambda: RotaryEmbedding(8, inv_freq=inv), lambda: MRoPE(8, (2, 1, 1), inv_freq=inv),
+                     lambda: RotaryEmbedding(8).set_frequencies(inv)):
+            with pytest.raises(ValueError, match=rf"inv_freq must hold finite values > 0 \(or 0 for a pair that "
+                                                 rf"does not rotate\), got {shown} at index 2"):
+                make()
+    for make in (lambda inv: RotaryEmbedding(8, inv_freq=inv), lambda inv: MRoPE(8, (2, 1, 1), inv_freq=inv)):
+        with pytest.raises(ValueError, match=r"inv_freq must have shape \(rotary_dim // 2,\) = \(4,\), got \(3,\)"):
+            make(torch.ones(3))
+        with pytest.raises(TypeError, match=r"inv_freq must be a floating-point tensor, got dtype torch.int64"):
+            make(torch.ones(4, dtype=torch.long))
+        make(torch.tensor([1.0, 0.1, 0.0, 0.0]))  # zero: a pair that does not rotate (p-RoPE)
+
+
+def test_rotate_names_what_the_caller_passed():
+    """A RotaryEmbedding on another device than q, or a meta q, used to fail with a message
+    about cos/sin tables (or "positions") that the caller never passed."""
+    q, k = rand(1, 2, 4, 8), rand(1, 2, 4, 8)
+    pos = torch.arange(4)
+    on_meta = RotaryEmbedding(8).to("meta")
+    with pytest.raises(ValueError, match=r"q is on cpu but this RotaryEmbedding's frequencies are on meta; "
+                                         r"move the scheme to q's device with .to\('cpu'\)"):
+        on_meta.rotate(q, k, pos, pos)
+    with pytest.raises(ValueError, match=r"q is on cpu but this RotaryEmbedding's frequencies are on meta"):
+        attention(q, k, k, on_meta)
+    rope = RotaryEmbedding(8)
+    with pytest.raises(ValueError, match=r"k is a meta tensor \(a shape without data\)"):
+        rope.rotate(q, k.to("meta"), pos, pos)
+    with pytest.raises(ValueError, match=r"q is a meta tensor \(a shape without data\)"):
+        rope.rotate(q.to("meta"), k.to("meta"), pos, pos)
+    with pytest.raises(ValueError, match=r"x is a meta tensor"):
+        rope_rotate(q.to("meta"), *rope.cos_sin(4))
+    with pytest.raises(TypeError, match=r"q must be a floating-point tensor, got dtype torch.int64"):
+        rope.rotate(q.long(), k.long(), pos, pos)

@@ -638,10 +638,26 @@ BAD = [
      r"partial_rotary_factor must lie in \(0, 1\]"),
     ({"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 2.0}, {}, ValueError,
      r"partial_rotary_factor must lie in \(0, 1\]"),
-    ({"rope_type": "default", "rope_theta": 0.5}, {}, ValueError, r"rope_config\['rope_theta'\] must be > 1"),
+    ({"rope_type": "default", "rope_theta": 0.5}, {}, ValueError, r"rope_config\['rope_theta'\] must be a finite number > 1, got 0.5"),
     ({**YARN, "truncate": "False"}, {}, ValueError, r"rope_config\['truncate'\] must be a bool"),
     ({**YARN, "original_max_position_embeddings": 2048.5}, {}, ValueError,
      r"rope_config\['original_max_position_embeddings'\] must be a positive int"),
+    # a string (or None, or a list) in a number's place: named, with what it got and what is allowed
+    # (once "'>' not supported" or "could not convert string to float" without the key)
+    ({"rope_type": "default", "rope_theta": "1e4"}, {}, ValueError,
+     r"rope_config\['rope_theta'\] must be a finite number > 1, got str '1e4'"),
+    ({"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}, {"partial_rotary_factor": "abc"},
+     TypeError, r"partial_rotary_factor must be a finite number > 0, got str 'abc'"),
+    ({"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": "abc"}, {"partial_rotary_factor": 0.5},
+     ValueError, r"rope_config\['partial_rotary_factor'\] must be a finite number > 0, got str 'abc'"),
+    ({**YARN, "beta_fast": "32"}, {}, ValueError, r"rope_config\['beta_fast'\] must be a finite number >= 0, got str '32'"),
+    ({**YARN, "mscale": [1.0], "mscale_all_dim": 1.0}, {}, ValueError,
+     r"rope_config\['mscale'\] must be a finite number >= 0, got list \[1.0\]"),
+    ({**YARN, "attention_factor": "1"}, {}, ValueError, r"rope_config\['attention_factor'\] must be a finite number > 0, got str"),
+    ({**LLAMA3, "low_freq_factor": "1"}, {}, ValueError, r"rope_config\['low_freq_factor'\] must be a finite number > 0, got str '1'"),
+    ({**YARN, "original_max_position_embeddings": "4096"}, {}, ValueError,
+     r"rope_config\['original_max_position_embeddings'\] must be a positive int, got '4096'"),
+    ({"rope_type": ["yarn"], "rope_theta": 1e4}, {}, ValueError, r"rope_config\['rope_type'\] must be one of .*got \['yarn'\]"),
 ]
 
 
@@ -651,6 +667,26 @@ def test_bad_configs_name_the_key(cfg, kw, exc, match):
     head_dim = kw.pop("head_dim", 32)
     with pytest.raises(exc, match=match):
         compute_inv_freq(cfg, head_dim, **kw)
+
+
+def test_legacy_rope_theta_and_the_base_helpers_take_one_base_rule():
+    """rope_theta, in or beside a legacy dict, and the base of ntk_base, dynamic_ntk_base and
+    yarn_correction_range follow the package's one rule for a base: a finite number > 1."""
+    with pytest.raises(ValueError, match=r"rope_scaling\['rope_theta'\] must be a finite number > 1, got str 'abc'"):
+        rope_parameters_from_legacy({"type": "linear", "factor": 2.0, "rope_theta": "abc"}, 1e4)
+    with pytest.raises(TypeError, match=r"rope_theta must be a finite number > 1, got str '1e4'"):
+        rope_parameters_from_legacy({"type": "linear", "factor": 2.0}, "1e4")
+    with pytest.raises(ValueError, match=r"rope_theta must be a finite number > 1, got 1.0"):
+        rope_parameters_from_legacy({"type": "linear", "factor": 2.0}, 1.0)
+    assert rope_parameters_from_legacy({"type": "linear", "factor": 2.0, "rope_theta": 1e4}, 1e4)["rope_theta"] == 1e4
+    for call in (lambda b: ntk_base(b, 2.0, 32), lambda b: dynamic_ntk_base(b, 2.0, 32, 100, 50),
+                 lambda b: yarn_correction_range(32, 1, 32, b, 2048)):
+        for bad in (1, 1.0, 0.5, float("nan")):
+            with pytest.raises(ValueError, match=r"base must be a finite number > 1, got"):
+                call(bad)
+        with pytest.raises(TypeError, match=r"base must be a finite number > 1, got str"):
+            call("1e4")
+        call(1e4)
 
 
 @pytest.mark.parametrize("cfg,key", [
@@ -1020,20 +1056,45 @@ def test_proportional_differs_from_gpt_neox_partial_rotary():
 
 
 @pytest.mark.parametrize("cfg, kw, exc, match", [
-    ({"partial_rotary_factor": 0.0}, {}, ValueError, r"partial_rotary_factor.*> 0"),
-    ({"partial_rotary_factor": -0.25}, {}, ValueError, r"partial_rotary_factor.*> 0"),
-    ({"partial_rotary_factor": 1.5}, {}, ValueError, r"partial_rotary_factor must lie in \(0, 1\]"),
-    ({"partial_rotary_factor": "0.5"}, {}, ValueError, r"partial_rotary_factor"),
-    ({}, {"partial_rotary_factor": 2.0}, ValueError, r"partial_rotary_factor must lie in \(0, 1\]"),
+    ({"partial_rotary_factor": -0.25}, {}, ValueError, r"rope_config\['partial_rotary_factor'\] must be a finite number >= 0"),
+    ({}, {"partial_rotary_factor": -0.25}, ValueError, r"partial_rotary_factor must be a finite number >= 0, got -0.25"),
+    ({"partial_rotary_factor": 1.5}, {}, ValueError, r"partial_rotary_factor must lie in \[0, 1\] for rope_type='proportional'"),
+    ({"partial_rotary_factor": "0.5"}, {}, ValueError, r"rope_config\['partial_rotary_factor'\] must be a finite number >= 0, got str '0.5'"),
+    ({}, {"partial_rotary_factor": "0.5"}, TypeError, r"partial_rotary_factor must be a finite number >= 0, got str '0.5'"),
+    ({}, {"partial_rotary_factor": 2.0}, ValueError, r"partial_rotary_factor must lie in \[0, 1\]"),
     ({"factor": 0.5}, {}, ValueError, r"rope_config\['factor'\].*>= 1"),
     ({"factor": float("nan")}, {}, ValueError, r"rope_config\['factor'\]"),
     ({}, {"head_dim": 33}, ValueError, r"head_dim must be even for rope_type='proportional'"),
-    ({"rope_theta": 1.0}, {}, ValueError, r"rope_config\['rope_theta'\] must be > 1"),
+    ({"rope_theta": 1.0}, {}, ValueError, r"rope_config\['rope_theta'\] must be a finite number > 1, got 1.0"),
 ])
 def test_proportional_bad_configs_name_the_key(cfg, kw, exc, match):
     kw = {"head_dim": 64, **kw}
     with pytest.raises(exc, match=match):
         compute_inv_freq({"rope_type": "proportional", "rope_theta": 1e4, **cfg}, kw.pop("head_dim"), **kw)
+
+
+def test_proportional_accepts_a_zero_factor_as_p_rope_with_p_zero():
+    """partial_rotary_factor = 0 is valid for proportional (HuggingFace computes it: no pair
+    rotates), and equals PRoPE(p=0): every frequency 0, so the rotation is the identity."""
+    from companion.rope_variants import PRoPE
+
+    for d in (8, 64):
+        want = PRoPE(d, 0.0).inv_freq
+        assert torch.equal(want, torch.zeros(d // 2))
+        in_dict, att = compute_inv_freq({"rope_type": "proportional", "rope_theta": 1e4, "partial_rotary_factor": 0.0}, d)
+        as_kw, _ = compute_inv_freq({"rope_type": "proportional", "rope_theta": 1e4}, d, partial_rotary_factor=0.0)
+        assert att == 1.0 and torch.equal(in_dict, want) and torch.equal(as_kw, want)
+        assert torch.equal(in_dict, hf_proportional(d, 1e4, 0.0))
+    emb = RotaryEmbedding(8, rope_config={"rope_type": "proportional", "rope_theta": 1e4, "partial_rotary_factor": 0.0})
+    q = rand(1, 2, 5, 8, seed=5)
+    pos = torch.arange(3, 8)
+    assert torch.equal(emb.rotate(q, q, pos, pos)[0], q)
+    assert torch.equal(emb.rotate(q, q, pos, pos)[0], PRoPE(8, 0.0).rotate(q, q, pos, pos)[0])
+    # the other types still need a rotary dimension of at least 2
+    with pytest.raises(ValueError, match=r"rope_config\['partial_rotary_factor'\] must be a finite number > 0, got 0.0"):
+        compute_inv_freq({"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.0}, 8)
+    with pytest.raises(ValueError, match=r"partial_rotary_factor must be a finite number > 0, got 0.0"):
+        compute_inv_freq({"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}, 8, partial_rotary_factor=0.0)
 
 
 def test_proportional_scheme_needs_the_whole_head():

@@ -297,11 +297,11 @@ def test_attention_scaling(call, value, exc, pattern):
 
 
 @pytest.mark.parametrize("call, exc, pattern", [
-    (lambda: rope_frequencies(8, base="abc"), TypeError, r"base must be a finite number > 0, got str 'abc'"),
-    (lambda: RotaryEmbedding(8, base="10000"), TypeError, r"base must be a finite number > 0, got str"),
-    (lambda: rope_frequencies(8, base=INF), ValueError, r"base must be a finite number > 0, got inf"),
-    (lambda: RotaryEmbedding(8, base=NAN), ValueError, r"base must be a finite number > 0, got nan"),
-    (lambda: rope_frequencies(8, base=0), ValueError, r"base must be a finite number > 0"),
+    (lambda: rope_frequencies(8, base="abc"), TypeError, r"base must be a finite number > 1, got str 'abc'"),
+    (lambda: RotaryEmbedding(8, base="10000"), TypeError, r"base must be a finite number > 1, got str"),
+    (lambda: rope_frequencies(8, base=INF), ValueError, r"base must be a finite number > 1, got inf"),
+    (lambda: RotaryEmbedding(8, base=NAN), ValueError, r"base must be a finite number > 1, got nan"),
+    (lambda: rope_frequencies(8, base=0), ValueError, r"base must be a finite number > 1"),
     (lambda: rope_frequencies("8"), TypeError, r"dim must be an int, got str"),
     (lambda: rope_frequencies(7), ValueError, r"dim must be even"),
     (lambda: RotaryEmbedding("16"), TypeError, r"head_dim must be an int, got str"),
@@ -578,7 +578,7 @@ HUGE = 2**70
     (lambda: RotaryEmbedding(8).cos_sin(HUGE), ValueError, r"positions must be < 2\*\*63"),
     (lambda: RotaryEmbedding(HUGE), ValueError, r"head_dim must be < 2\*\*63"),
     (lambda: rope_frequencies(HUGE), ValueError, r"dim must be < 2\*\*63"),
-    (lambda: rope_frequencies(8, base=10**400), ValueError, r"base must be a finite number > 0, got an int too large"),
+    (lambda: rope_frequencies(8, base=10**400), ValueError, r"base must be a finite number > 1, got an int too large"),
     (lambda: rope_cos_sin(4, rope_frequencies(8), attention_scaling=10**400), ValueError, r"attention_scaling must be a finite number > 0"),
     (lambda: positions_from_mask(torch.ones(1, 3, dtype=torch.long), HUGE), ValueError, r"pad_position must be < 2\*\*63"),
     (lambda: positions_from_mask(torch.ones(1, 3, dtype=torch.long, device="meta")), ValueError, r"attention_mask is a meta tensor"),
