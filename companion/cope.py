@@ -52,6 +52,11 @@ differences, so positions ``0, 1, 2`` and ``0, 5, 9`` give the same logits. Keys
 in non-decreasing position order (``ValueError`` otherwise), so that "keys ``j .. i``" in
 index order are the keys between ``j`` and the query in position.
 
+NaN and inf follow the package's rule for attention (a query sees only the non-finite values
+of the keys it may attend): a key after the query has a gate of exactly 0 whatever its values,
+so a NaN there never reaches the query; a NaN query, or a NaN key the query sees, makes the
+affected ``z_ij`` NaN (so the query's attention output is NaN), not an error.
+
 Memory: this is the naive form. It builds ``(batch, heads, q_len, k_len)`` gates, positions
 and two gathers, plus ``(batch, heads, q_len, npos)`` per-row logits.
 """
@@ -138,7 +143,7 @@ def cope_gates(q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
 
     The ``1/sqrt(d)`` (``d = head_dim``) inside the sigmoid is the authors' (facebookresearch/RAM,
     ``ContextPosSelfAttn``; Golovneva et al. :cite:`golovneva2024cope` write the gate
-    without it). Keys after the query get a gate of exactly 0.
+    without it). Keys after the query get a gate of exactly 0, even if ``q . k`` is NaN.
 
     Args:
         q: queries ``(batch, heads, q_len, d)``, floating.
@@ -158,7 +163,8 @@ def cope_gates(q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
     q_pos, k_pos = _check_positions(q_pos, k_pos, q, k)
     work = _work_dtype(q.dtype)
     logits = q.to(work) @ k.to(work).transpose(-1, -2) / math.sqrt(q.shape[-1])
-    return torch.sigmoid(logits) * _visible(q_pos, k_pos).to(work)
+    zero = torch.zeros((), dtype=work, device=logits.device)
+    return torch.where(_visible(q_pos, k_pos), torch.sigmoid(logits), zero)
 
 
 def cope_positions(gates: Tensor, npos: int | None = None) -> Tensor:
@@ -207,7 +213,8 @@ def cope_interpolate(q: Tensor, table: Tensor, positions: Tensor) -> Tensor:
         ``(batch, heads, q_len, k_len)`` in float64 for float64 ``q``, else float32.
 
     Raises:
-        ValueError: shapes that do not fit, or positions outside ``[0, npos - 1]``.
+        ValueError: shapes that do not fit, or positions outside ``[0, npos - 1]`` (NaN
+            included: :func:`cope_score` passes a NaN position through as a NaN ``z``).
     """
     check_tensor(q, "q", 4)
     check_tensor(table, "table", 2)
@@ -222,6 +229,13 @@ def cope_interpolate(q: Tensor, table: Tensor, positions: Tensor) -> Tensor:
     if positions.shape[:3] != q.shape[:3]:
         raise ValueError(
             f"positions must have q's (batch, heads, q_len) = {tuple(q.shape[:3])}, got {tuple(positions.shape)}"
+        )
+    nan = positions.detach().isnan()
+    if bool(nan.any()):
+        where = tuple(int(i) for i in nan.nonzero()[0])
+        raise ValueError(
+            f"positions must lie in [0, npos - 1] = [0, {npos - 1}], got NaN at index {where} "
+            f"({int(nan.sum())} of {positions.numel()} entries are NaN)"
         )
     if positions.numel() and not (float(positions.detach().min()) >= 0 and float(positions.detach().max()) <= npos - 1):
         raise ValueError(
@@ -248,13 +262,19 @@ def cope_score(q: Tensor, k: Tensor, table: Tensor, q_pos: Tensor, k_pos: Tensor
 
     Returns:
         ``(batch, heads, q_len, k_len)`` in ``q``'s dtype (computed in float32, or float64
-        for float64 inputs).
+        for float64 inputs). A NaN query, or a NaN key the query sees, gives NaN entries
+        (those whose count includes it); keys after the query never reach it.
     """
     gates = cope_gates(q, k, q_pos, k_pos)
     check_tensor(table, "table", 2)
     if table.shape[-1] != q.shape[-1]:
         raise ValueError(f"table must have shape (npos, head_dim) with head_dim {q.shape[-1]}, got {tuple(table.shape)}")
     positions = cope_positions(gates, table.shape[0])
+    nan = positions.isnan()
+    if bool(nan.any()):  # a NaN gate: interpolate the rest, then put the NaN back where it was
+        zero = torch.zeros((), dtype=positions.dtype, device=positions.device)
+        z = cope_interpolate(q, table, torch.where(nan, zero, positions))
+        return torch.where(nan, torch.full((), float("nan"), dtype=z.dtype, device=z.device), z).to(q.dtype)
     return cope_interpolate(q, table, positions).to(q.dtype)
 
 

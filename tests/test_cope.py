@@ -321,3 +321,45 @@ def test_bad_score_inputs():
         s.score(q[0], k, q_pos, k_pos)
     with pytest.raises(ValueError, match=r"positions must lie in \[0, npos - 1\]"):
         cope_interpolate(q, table, torch.full((2, 3, 6, 6), 8.0, dtype=torch.float64))
+
+
+# ----------------------------------------------------------------------------- NaN (issue 29)
+
+
+def test_nan_follows_the_attention_rule_instead_of_a_message_about_positions():
+    """A NaN query used to fail with "positions must lie in [0, npos - 1] ... got [nan, nan]",
+    about positions the caller never passed. Now NaN follows the package's rule: a NaN query
+    makes only its own output NaN, a NaN key reaches only the queries that see it (keys after a
+    query have a gate of exactly 0), and the rest equals the clean result."""
+    q, k, table, q_pos, k_pos = build("self")
+    s = CoPE(4, table.shape[0]).double()
+    with torch.no_grad():
+        s.table.copy_(table)
+    v = rand(*k.shape, seed=9)
+    clean = attention(q, k, v, s, q_pos=q_pos, k_pos=k_pos, causal=True)
+    bad_q = q.clone()
+    bad_q[0, 1, 2, 0] = float("nan")
+    out = attention(bad_q, k, v, s, q_pos=q_pos, k_pos=k_pos, causal=True)
+    nan = out.isnan().any(-1)
+    assert nan[0, 1, 2] and int(nan.sum()) == 1
+    torch.testing.assert_close(out.nan_to_num(), clean.masked_fill(nan[..., None], 0.0), rtol=0, atol=0)
+    z = cope_score(bad_q, k, table, q_pos, k_pos)
+    assert bool(z[0, 1, 2].isnan().all()) and int(z.isnan().sum()) == z.shape[-1]
+    bad_k = k.clone()
+    bad_k[1, :, 3, 0] = float("nan")  # key 3 of row 1: seen by queries 3, 4, 5 only
+    out = attention(q, bad_k, v, s, q_pos=q_pos, k_pos=k_pos, causal=True)
+    nan = out.isnan().any(-1)
+    assert bool(nan[1, :, 3:].all()) and int(nan.sum()) == 3 * q.shape[1]
+    torch.testing.assert_close(out[:, :, :3], clean[:, :, :3], rtol=0, atol=0)
+    torch.testing.assert_close(out[0], clean[0], rtol=0, atol=0)
+    gates = cope_gates(q, bad_k, q_pos, k_pos)
+    assert bool((gates[1, :, :3, 3] == 0).all())  # the queries before it: exactly 0
+
+
+def test_interpolating_nan_positions_says_so():
+    q, _, table, _, _ = build("self")
+    p = torch.full((2, 3, 6, 6), 1.5, dtype=torch.float64)
+    p[1, 0, 4, 2] = float("nan")
+    with pytest.raises(ValueError, match=r"positions must lie in \[0, npos - 1\] = \[0, 7\], got NaN at index "
+                                         r"\(1, 0, 4, 2\) \(1 of 216 entries are NaN\)"):
+        cope_interpolate(q, table, p)
