@@ -36,17 +36,18 @@ model on purpose.
 from __future__ import annotations
 
 import contextlib
-import math
+import numbers
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_path, check_positive_int
+from ._checks import check_base, check_bool, check_file, check_finite_number, check_positive_int
 from .rope import RotaryEmbedding, check_layout, convert_qk_weight
 from .trainfree import ReRoPE, SelfExtend, SinkCache
 
@@ -109,10 +110,17 @@ class LlamaConfig:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
-        if not (self.rope_base > 1 and math.isfinite(self.rope_base)):
-            raise ValueError(f"rope_base must be a finite number > 1, got {self.rope_base}")
-        if not (self.norm_eps > 0 and math.isfinite(self.norm_eps)):
-            raise ValueError(f"norm_eps must be a finite number > 0, got {self.norm_eps}")
+        check_base(self.rope_base, "rope_base")
+        check_finite_number(self.norm_eps, "norm_eps")
+        for field in ("bos_id", "eos_id"):
+            value = getattr(self, field)
+            if value is not None:
+                check_positive_int(value, field, minimum=0)
+        check_bool(self.tie_embeddings, "tie_embeddings")
+        if not isinstance(self.name, str):
+            raise TypeError(f"name must be a str, got {type(self.name).__name__} {self.name!r}")
+        if self.chat_template is not None and not isinstance(self.chat_template, str):
+            raise TypeError(f"chat_template must be a str or None, got {type(self.chat_template).__name__}")
 
     @classmethod
     def from_gguf_fields(cls, fields: Mapping[str, Any], tie_embeddings: bool = True) -> LlamaConfig:
@@ -126,23 +134,37 @@ class LlamaConfig:
                 raise ValueError(f"GGUF metadata lacks {key!r}")
             return fields[key]
 
-        n_heads = int(need("llama.attention.head_count"))
-        dim = int(need("llama.embedding_length"))
-        head_dim = int(fields.get("llama.rope.dimension_count", dim // n_heads))
-        vocab = fields.get("llama.vocab_size")
-        if vocab is None:
+        def count(key: str, default: Any = None) -> int:
+            """A size from the metadata: an int >= 1 (``ValueError`` naming the key otherwise)."""
+            value = need(key) if default is None else fields.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(f"GGUF metadata {key!r} must be an int >= 1, got {type(value).__name__} {value!r}")
+            return int(value)
+
+        def number(key: str, default: float | None = None) -> float:
+            """A real number from the metadata (``ValueError`` naming the key otherwise)."""
+            value = need(key) if default is None else fields.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(f"GGUF metadata {key!r} must be a number, got {type(value).__name__} {value!r}")
+            return float(value)
+
+        n_heads = count("llama.attention.head_count")
+        dim = count("llama.embedding_length")
+        if "llama.vocab_size" in fields:
+            vocab = count("llama.vocab_size")
+        else:
             vocab = len(need("tokenizer.ggml.tokens"))
         return cls(
-            vocab_size=int(vocab),
+            vocab_size=vocab,
             dim=dim,
-            n_layers=int(need("llama.block_count")),
+            n_layers=count("llama.block_count"),
             n_heads=n_heads,
-            n_kv_heads=int(fields.get("llama.attention.head_count_kv", n_heads)),
-            hidden_dim=int(need("llama.feed_forward_length")),
-            head_dim=head_dim,
-            rope_base=float(fields.get("llama.rope.freq_base", 10000.0)),
-            norm_eps=float(need("llama.attention.layer_norm_rms_epsilon")),
-            context_length=int(need("llama.context_length")),
+            n_kv_heads=count("llama.attention.head_count_kv", n_heads),
+            hidden_dim=count("llama.feed_forward_length"),
+            head_dim=count("llama.rope.dimension_count", max(dim // n_heads, 1)),
+            rope_base=number("llama.rope.freq_base", 10000.0),
+            norm_eps=number("llama.attention.layer_norm_rms_epsilon"),
+            context_length=count("llama.context_length"),
             bos_id=fields.get("tokenizer.ggml.bos_token_id"),
             eos_id=fields.get("tokenizer.ggml.eos_token_id"),
             tie_embeddings=tie_embeddings,
@@ -192,7 +214,18 @@ class KVCache:
         return self._filled[-1]
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Append ``k``, ``v`` for ``layer`` and return all keys and values of that layer."""
+        """Append ``k``, ``v`` for ``layer`` and return all keys and values of that layer.
+
+        ``layer`` is an int in ``[0, n_layers)``: a negative index (which a list would read
+        from the end) or one past the end raises ``IndexError`` naming the range."""
+        if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
+            raise TypeError(f"layer must be an int in [0, {self.n_layers}), got {type(layer).__name__} {layer!r}")
+        if not 0 <= layer < self.n_layers:
+            raise IndexError(
+                f"layer must be in [0, {self.n_layers}) (the cache has {self.n_layers} layers, "
+                f"0..{self.n_layers - 1}), got {layer}"
+            )
+        layer = int(layer)
         n, t = self._filled[layer], k.shape[2]
         buf_k, buf_v = self._keys[layer], self._values[layer]
         if buf_k is None or n + t > buf_k.shape[2]:
@@ -448,7 +481,8 @@ class LlamaModel(nn.Module):
     ) -> Tensor:
         """Continue ``ids`` ``(batch, seq)`` by up to ``max_new_tokens`` tokens with a KV cache.
 
-        Greedy (argmax) by default, else sampling at ``temperature`` with ``generator``.
+        Greedy (argmax) by default, else sampling at ``temperature`` (a finite number > 0,
+        checked in both modes) with ``generator``.
         With ``stop_at_eos``, generation stops once every row has produced
         ``config.eos_id`` (rows that finished early keep generating until then). Returns
         ``(batch, seq + n)``.
@@ -457,8 +491,7 @@ class LlamaModel(nn.Module):
         check_positive_int(max_new_tokens, "max_new_tokens", minimum=0)
         check_bool(greedy, "greedy")
         check_bool(stop_at_eos, "stop_at_eos")
-        if not greedy and not (isinstance(temperature, (int, float)) and temperature > 0):
-            raise ValueError(f"temperature must be a number > 0, got {temperature!r}")
+        temperature = check_finite_number(temperature, "temperature")
         cache = KVCache(self.config.n_layers)
         out = ids
         step = ids
@@ -488,6 +521,19 @@ def _gguf():  # noqa: ANN202 - the module
     except ImportError as exc:  # pragma: no cover - gguf is in the pretrained extra
         raise ImportError("companion.llama needs gguf: pip install 'pe-companion[pretrained]'") from exc
     return gguf
+
+
+def _gguf_reader(path: object):  # noqa: ANN202 - gguf.GGUFReader
+    """Open a GGUF file; every error names the path (``gguf`` says only "GGUF magic invalid")."""
+    path = check_file(path, what="a .gguf model file")
+    gguf = _gguf()
+    try:
+        return gguf.GGUFReader(str(path))
+    except (ValueError, OSError, EOFError, IndexError, KeyError) as exc:
+        raise ValueError(
+            f"path {path} is not a readable GGUF file ({type(exc).__name__}: {exc}); pass the path "
+            f"of a .gguf model file"
+        ) from exc
 
 
 def _field_value(field: Any) -> Any:
@@ -544,10 +590,7 @@ def gguf_metadata(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
         from .pretrained import smollm2_gguf_path
 
         path = smollm2_gguf_path()
-    path = check_path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
-    reader = _gguf().GGUFReader(str(path))
+    reader = _gguf_reader(path)
     return {name: _field_value(field) for name, field in reader.fields.items() if not name.startswith("GGUF.")}
 
 
@@ -589,11 +632,9 @@ def read_gguf(path: str | os.PathLike[str]) -> tuple[LlamaConfig, dict[str, Tens
     (GGUF lists dimensions innermost first). The q/k rows are left in GGUF's interleaved
     order. ``fields`` holds the metadata as Python values.
     """
-    path = check_path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
+    reader = _gguf_reader(path)
+    path = Path(path)
     gguf = _gguf()
-    reader = gguf.GGUFReader(str(path))
     fields = {name: _field_value(field) for name, field in reader.fields.items()
               if not name.startswith("GGUF.")}
     weights: dict[str, Tensor] = {}

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._checks import check_path
+from ._checks import check_file, check_path
 
 __all__ = ["seed_everything", "provenance", "numeric_config", "cpu_model", "save_result", "load_result", "save_csv", "load_csv", "peak_tensor_bytes"]
 
@@ -224,11 +224,7 @@ def load_result(path: str | os.PathLike[str]) -> dict[str, Any]:
     Raises ``FileNotFoundError`` or ``IsADirectoryError`` for a missing file or a folder, and
     ``ValueError`` naming the file if it is not UTF-8 JSON or not a result file.
     """
-    path = check_path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"path {path} is a directory; pass the path of a result .json file")
-    if not path.is_file():
-        raise FileNotFoundError(f"path {path} does not exist")
+    path = check_file(path, what="a result .json file")
     try:
         payload = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -321,9 +317,7 @@ def load_csv(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[st
     """Read a file written by :func:`save_csv`: ``(provenance, rows)``, values as strings."""
     import csv
 
-    path = check_path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"path {path} does not exist")
+    path = check_file(path, what="a result .csv file")
     import io
 
     with open(path, newline="") as f:  # newline="": line breaks inside quoted values survive

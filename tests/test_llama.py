@@ -7,6 +7,7 @@ The fetch of the SmolLM2 wheel itself is tested against a small fake wheel, offl
 
 import hashlib
 import math
+import re
 import time
 import typing
 import zipfile
@@ -564,3 +565,86 @@ def test_trainfree_bad_input(smol, models):
         stream_nll(model, ids, -1, 8, 2)
     with pytest.raises(ValueError, match="at least 2 tokens"):
         stream_nll(model, ids[:, :1], 4, 8, 2)
+
+
+# ----------------------------------------------------------------------------- bad input (issue 29)
+
+
+def _tiny_model():
+    config = llama.LlamaConfig(vocab_size=20, dim=16, n_layers=2, n_heads=2, n_kv_heads=1, hidden_dim=24,
+                               head_dim=8, rope_base=1e4, norm_eps=1e-5, context_length=32)
+    torch.manual_seed(0)
+    return llama.LlamaModel(config)
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_generate_refuses_bool_and_non_finite_temperatures(greedy):
+    model, ids = _tiny_model(), torch.tensor([[1, 2, 3]])
+    for bad, exc, got in ((True, TypeError, "bool True"), ("0.7", TypeError, "str '0.7'"), (None, TypeError, "NoneType"),
+                          (math.inf, ValueError, "inf"), (math.nan, ValueError, "nan"), (0.0, ValueError, "0.0"),
+                          (-1, ValueError, "-1")):
+        with pytest.raises(exc, match=rf"temperature must be a finite number > 0, got {got}"):
+            model.generate(ids, 1, greedy=greedy, temperature=bad)
+    g = torch.Generator().manual_seed(0)
+    assert model.generate(ids, 2, greedy=greedy, temperature=0.5, generator=g, stop_at_eos=False).shape == (1, 5)
+
+
+def test_kv_cache_layer_index_is_checked():
+    cache, k = llama.KVCache(2), torch.zeros(1, 1, 3, 4)
+    for bad in (-1, -2, 2, 7):
+        with pytest.raises(IndexError, match=rf"layer must be in \[0, 2\) \(the cache has 2 layers, 0..1\), got {bad}"):
+            cache.update(bad, k, k)
+    for bad in (True, 1.0, "0", None):
+        with pytest.raises(TypeError, match=r"layer must be an int in \[0, 2\)"):
+            cache.update(bad, k, k)
+    assert cache.length == 0  # nothing was written, the last layer included
+    cache.update(0, k, k)
+    cache.update(1, k, k)
+    assert cache.length == 3
+
+
+def test_gguf_errors_name_the_file(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"not a gguf file at all" * 8)
+    for read in (llama.read_gguf, llama.gguf_metadata, llama.load_gguf):
+        with pytest.raises(ValueError, match=rf"path {re.escape(str(bad))} is not a readable GGUF file "
+                                             r"\(ValueError: GGUF magic invalid\); pass the path of a .gguf model file"):
+            read(bad)
+        with pytest.raises(IsADirectoryError, match=rf"path {re.escape(str(tmp_path))} is a directory \(a folder\), "
+                                                    r"not a file; pass the path of a .gguf model file"):
+            read(tmp_path)
+        with pytest.raises(FileNotFoundError, match=r"missing.gguf does not exist; pass the path of a .gguf model file"):
+            read(tmp_path / "missing.gguf")
+        with pytest.raises(TypeError, match=r"path must be a path \(a str or a pathlib.Path\), got int"):
+            read(3)
+
+
+def test_config_fields_are_type_checked_with_their_names():
+    kw = dict(vocab_size=10, dim=8, n_layers=1, n_heads=2, n_kv_heads=1, hidden_dim=8, head_dim=4,
+              rope_base=1e4, norm_eps=1e-5, context_length=16)
+    for field, bad, exc, match in (
+        ("rope_base", "1e4", TypeError, r"rope_base must be a finite number > 1, got str '1e4'"),
+        ("rope_base", 1.0, ValueError, r"rope_base must be a finite number > 1, got 1.0"),
+        ("rope_base", True, TypeError, r"rope_base must be a finite number > 1, got bool True"),
+        ("norm_eps", "x", TypeError, r"norm_eps must be a finite number > 0, got str 'x'"),
+        ("norm_eps", None, TypeError, r"norm_eps must be a finite number > 0, got NoneType None"),
+        ("bos_id", "1", TypeError, r"bos_id must be an int"),
+        ("eos_id", -1, ValueError, r"eos_id must be >= 0, got -1"),
+        ("tie_embeddings", "False", TypeError, r"tie_embeddings must be a bool"),
+    ):
+        with pytest.raises(exc, match=match):
+            llama.LlamaConfig(**{**kw, field: bad})
+    fields = {"general.architecture": "llama", "llama.attention.head_count": 2, "llama.embedding_length": 8,
+              "llama.vocab_size": 10, "llama.block_count": 1, "llama.feed_forward_length": 8,
+              "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.context_length": 16}
+    assert llama.LlamaConfig.from_gguf_fields(fields).head_dim == 4
+    for key, bad, match in (
+        ("llama.rope.freq_base", "abc", r"GGUF metadata 'llama.rope.freq_base' must be a number, got str 'abc'"),
+        ("llama.attention.layer_norm_rms_epsilon", [1e-5], r"'llama.attention.layer_norm_rms_epsilon' must be a number, got list"),
+        ("llama.attention.head_count", "2", r"GGUF metadata 'llama.attention.head_count' must be an int >= 1, got str '2'"),
+        ("llama.attention.head_count", 2.5, r"'llama.attention.head_count' must be an int >= 1, got float 2.5"),
+        ("llama.attention.head_count", 0, r"'llama.attention.head_count' must be an int >= 1, got int 0"),
+        ("llama.context_length", True, r"'llama.context_length' must be an int >= 1, got bool True"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            llama.LlamaConfig.from_gguf_fields({**fields, key: bad})
