@@ -2982,6 +2982,7 @@ def run_cli(main: Callable[[list[str]], object], argv: list[str]) -> tuple[str, 
 def cli_bad(name: str, main: Callable, argv: list[str], flags: str | tuple[str, ...]) -> None:
     """A bad flag: ``SystemExit(2)`` with a usage message naming it, before any work."""
     flags = (flags,) if isinstance(flags, str) else flags
+    name = name.replace(str(TMP), "<tmp>")  # stable names (the KNOWN keys) from run to run
 
     def classify(r):
         kind, value, err = r
