@@ -402,3 +402,14 @@ def test_bad_training_arguments():
     with pytest.raises(ValueError, match="not side \\* side = 144"):
         accuracy(_model("nope"), make_batch(2, 0), 12)
     assert isinstance(make_batch(1, 0), GridBatch)
+
+
+def test_window_mask_when_the_chunk_equals_the_grid_size():
+    """A 2-D window mask is (q, k); with as many grids in a chunk as tokens in a grid, a bare
+    2-D mask would be ambiguous with a (batch, k) padding mask: the model passes it as
+    (1, 1, q, k), so any chunk size gives the same accuracy."""
+    model = _model("axial")
+    batch = make_batch(16, 0, GridTask().at(4))
+    a = accuracy(model, batch, 4, chunk=16, window=1)   # 16 grids of 4 x 4 = 16 tokens
+    b = accuracy(model, batch, 4, chunk=5, window=1)
+    assert a == b

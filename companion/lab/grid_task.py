@@ -328,7 +328,7 @@ class _Block(nn.Module):
         mask = None
         if window is not None:  # keys within Chebyshev distance `window` of the query (2-D pos)
             near = (q_pos.unsqueeze(-2) - pos.unsqueeze(-3)).abs().amax(-1) <= window
-            mask = near if near.dim() == 2 else near.unsqueeze(1)  # (q, k) or (batch, 1, 1, k)
+            mask = near[None, None] if near.dim() == 2 else near.unsqueeze(1)  # (1, 1, q, k) or (batch, 1, 1, k)
         out = fast_attention(q, k, v, scheme, q_pos, pos, attn_mask=mask)  # bidirectional
         x = x + self.proj(out.transpose(1, 2).reshape(b, m, d))
         return x + self.mlp(self.ln2(x))
