@@ -73,12 +73,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import check_bool, check_finite_number, check_positive_int, check_qkv, check_tensor
+from ._checks import check_bool, check_finite_number, check_int_tensor, check_positive_int, check_qkv, check_tensor
 from .rope import RotaryEmbedding, rope_frequencies, rope_rotate
 
 __all__ = [
@@ -91,19 +90,40 @@ __all__ = [
     "sink_attention",
     "SinkCache",
     "stream_nll",
-    "lab_forward",
-    "lab_stream_nll",
-    "lab_bits_per_byte",
 ]
 
 #: The training-free methods, as named on the ``python -m companion.longctx ppl`` command line.
 TRAINFREE_METHODS: tuple[str, ...] = ("rerope", "leaky_rerope", "self_extend", "sinks")
 
 
-def _check_rope(rope: object) -> RotaryEmbedding:
+def _check_rope(rope: object, head_dim: int | None = None) -> RotaryEmbedding:
+    """Require a :class:`~companion.rope.RotaryEmbedding`, built for ``head_dim`` if given.
+
+    A rope built for a narrower head would rotate only the first ``rope.rotary_dim``
+    dimensions of each head and pass the rest through (``rope.rotate`` refuses such heads
+    too). A partial rotation is a rope *built* with ``rotary_dim < head_dim``, which this
+    module applies exactly as ``rope.rotate`` does."""
     if not isinstance(rope, RotaryEmbedding):
         raise TypeError(f"rope must be a companion.rope.RotaryEmbedding, got {type(rope).__name__}")
+    if head_dim is not None and rope.head_dim != head_dim:
+        raise ValueError(
+            f"rope was built for head_dim {rope.head_dim} (rotary_dim {rope.rotary_dim}), but q and k have "
+            f"head_dim {head_dim}; build RotaryEmbedding({head_dim}, ...) (with rotary_dim=... for a partial "
+            f"rotation)"
+        )
     return rope
+
+
+def _follow_length(rope: RotaryEmbedding, length: int) -> None:
+    """Apply the rope's length rule for a pass whose positions reach ``length - 1``.
+
+    A ``rope_config`` whose frequencies depend on the length (``dynamic``, ``longrope``)
+    updates them in ``rope.rotate`` from ``max(position) + 1`` of the call (HuggingFace's
+    rule); the methods here read the rope's tables directly, so they apply the same rule
+    first, with the largest position of the plain-RoPE positions of the pass."""
+    spec = rope.rope_spec
+    if spec is not None and spec.is_dynamic and length > 0:
+        rope._follow_length(length)
 
 
 @dataclass(frozen=True)
@@ -283,7 +303,10 @@ def two_region_attention(
 
     Args:
         q, k, v: as above, one floating dtype.
-        rope: the model's :class:`~companion.rope.RotaryEmbedding`.
+        rope: the model's :class:`~companion.rope.RotaryEmbedding`, built for head_dim ``d``
+            (``ValueError`` otherwise; a partial ``rotary_dim`` rotates as ``rope.rotate`` does).
+            A length-dependent ``rope_config`` (``dynamic``, ``longrope``) first follows the
+            length ``k_len``, as ``rope.rotate`` over positions ``0 .. k_len - 1`` would.
         mode: a :class:`ReRoPE` or :class:`SelfExtend`.
         scale: the logit scale, default ``1 / sqrt(d)``.
         chunk: queries per block, an int >= 1 (the result does not depend on it beyond rounding).
@@ -292,12 +315,13 @@ def two_region_attention(
         ``(batch, heads, q_len, d_v)`` in ``q``'s dtype.
     """
     b, h, lq, d, hk, lk = check_qkv(q, k, v)
-    _check_rope(rope)
+    _check_rope(rope, d)
     mode = _check_mode(mode)
     chunk = check_positive_int(chunk, "chunk")
     scale = _scale(scale, d)
     if lq > lk:
         raise ValueError(f"q_len ({lq}) must be <= k_len ({lk}): the queries are the last q_len keys")
+    _follow_length(rope, lk)  # a length-dependent rope: the frequencies of plain RoPE over 0 .. lk - 1
     w, g, dv = mode.window, h // hk, v.shape[-1]
     start = lk - lq
     dev = q.device
@@ -388,72 +412,111 @@ def sink_attention(
 ) -> Tensor:
     """One chunk of StreamingLLM attention over a cache of unrotated keys (:cite:`xiao2024streamingllm`).
 
-    ``q`` ``(batch, heads, C, d)``, ``k``, ``v`` ``(batch, kv_heads, C, d)``: the chunk's
-    unrotated queries, keys and values, at absolute stream positions ``positions`` (int64
-    ``(C,)``). ``past_k``, ``past_v`` ``(batch, kv_heads, m, d)``: the cached unrotated keys and
-    values (``None``: empty), at absolute positions ``past_pos`` ``(m,)``. Query ``c`` sees all
-    ``m`` cached keys and chunk keys ``0 .. c``. With ``rerotate`` the keys are rotated at
-    ``0 .. m + C - 1`` (their index in ``cat(past, chunk)``) and query ``c`` at ``m + c``;
-    without, everything at its absolute position. Returns ``(batch, heads, C, d_v)``.
+    ``k``, ``v`` ``(batch, kv_heads, C, d)``: the chunk's unrotated keys and values, at
+    absolute stream positions ``positions`` (integers, ``(C,)``); ``q`` ``(batch, heads, C_q, d)``
+    with ``C_q <= C``: the queries of the *last* ``C_q`` tokens of the chunk (``C_q = C``: every
+    token's). ``past_k``, ``past_v`` ``(batch, kv_heads, m, d)``: the cached unrotated keys and
+    values (``None``: empty), at absolute positions ``past_pos`` (integers, ``(m,)``). The
+    chunk's token ``c`` sees all ``m`` cached keys and chunk keys ``0 .. c``. With ``rerotate``
+    the keys are rotated at ``0 .. m + C - 1`` (their index in ``cat(past, chunk)``) and token
+    ``c``'s query at ``m + c``; without, everything at its absolute position. A
+    length-dependent ``rope_config`` follows ``max(rotation position) + 1``, as ``rope.rotate``
+    does. Returns ``(batch, heads, C_q, d_v)``.
     """
     check_qkv(q, k, v)
-    _check_rope(rope)
+    _check_rope(rope, q.shape[-1])
     check_bool(rerotate, "rerotate")
-    check_tensor(positions, "positions", 1)
-    c = q.shape[2]
+    positions = check_int_tensor(positions, "positions", dims=(1,)).to(k.device)
+    c = k.shape[2]
     if positions.shape[0] != c:
-        raise ValueError(f"positions must have shape ({c},), got {tuple(positions.shape)}")
-    if past_k is None:
+        raise ValueError(f"positions must have shape ({c},) (one per key of the chunk), got {tuple(positions.shape)}")
+    if past_k is None and past_v is None and past_pos is None:
         return _sink_core(q, k, v, rope, 0, positions, rerotate, scale)
+    if past_k is None or past_v is None or past_pos is None:
+        raise ValueError("past_k, past_v and past_pos must be given together (or none of them)")
+    keys, values = _append(past_k, past_v, k, v, "past_k", "past_v")
     m = past_k.shape[2]
-    if past_v is None or past_pos is None or past_pos.shape != (m,):
-        raise ValueError("past_k, past_v and past_pos (shape (m,)) must be given together")
-    keys, values = torch.cat((past_k, k), dim=2), torch.cat((past_v, v), dim=2)
-    check_qkv(q, keys, values)
+    past_pos = check_int_tensor(past_pos, "past_pos", dims=(1,)).to(k.device)
+    if past_pos.shape[0] != m:
+        raise ValueError(f"past_pos must have shape ({m},) (one per cached key), got {tuple(past_pos.shape)}")
     return _sink_core(q, keys, values, rope, m, torch.cat((past_pos, positions)), rerotate, scale)
+
+
+def _append(past_k: object, past_v: object, k: Tensor, v: Tensor, k_name: str, v_name: str) -> tuple[Tensor, Tensor]:
+    """``cat(past, chunk)`` along the sequence, after checking that the cached keys/values
+    match the chunk's batch, heads, head dim, dtype and device (``torch.cat`` would promote a
+    dtype silently, or fail with a shape error of its own)."""
+    for name, kind, past, new in ((k_name, "k", past_k, k), (v_name, "v", past_v, v)):
+        check_tensor(past, name, 4)
+        if (past.shape[:2], past.shape[3], past.dtype, past.device) != (
+                new.shape[:2], new.shape[3], new.dtype, new.device):
+            raise ValueError(
+                f"{name} (shape {tuple(past.shape)}, {past.dtype}, {past.device}) and the chunk's {kind} (shape "
+                f"{tuple(new.shape)}, {new.dtype}, {new.device}) must agree in batch, heads, head dim, dtype "
+                f"and device"
+            )
+    if past_k.shape[2] != past_v.shape[2]:
+        raise ValueError(f"{k_name} and {v_name} must hold as many tokens, got {past_k.shape[2]} and {past_v.shape[2]}")
+    return torch.cat((past_k, k), dim=2), torch.cat((past_v, v), dim=2)
 
 
 def _sink_core(q: Tensor, keys: Tensor, values: Tensor, rope: RotaryEmbedding, m: int, k_abs: Tensor,
                rerotate: bool, scale: float | None, tables: dict | None = None) -> Tensor:
-    """Attention of the last ``C = q_len`` of ``keys`` (the chunk) over ``keys`` (``m`` cached ones
-    first), keys at absolute positions ``k_abs``; ``tables`` memoises the cos/sin of a step
+    """Attention of the last ``c = q_len`` tokens of the chunk ``keys[m:]`` (``kc`` tokens) over
+    ``keys`` (``m`` cached ones first), keys at absolute positions ``k_abs``; chunk token ``t``
+    sees the cache and chunk tokens ``0 .. t``. ``tables`` memoises the cos/sin of a step
     (every layer of a chunk rotates at the same positions)."""
-    c, n, d = q.shape[2], keys.shape[2], q.shape[3]
+    b, h, c, d = q.shape
+    n = keys.shape[2]
+    kc = n - m
+    if c > kc:
+        raise ValueError(f"q_len ({c}) must be <= the chunk's k_len ({kc}): the queries are the chunk's last "
+                         f"q_len tokens")
+    if c == 0:
+        return q.new_zeros(b, h, 0, values.shape[-1])
+    off = kc - c  # the queries are chunk tokens off .. kc - 1
     scale = _scale(scale, d)
     k_rot_pos = torch.arange(n, device=q.device) if rerotate else k_abs
-    q_rot_pos = k_rot_pos[m:]
+    _follow_length(rope, int(k_rot_pos.max()) + 1)
     dtype = torch.float64 if torch.float64 in (q.dtype, keys.dtype) else torch.float32
-    key = (n, m, dtype, None if rerotate else int(k_abs[-1]))
+    # the frequencies are part of the key: a length-dependent rope may have changed them
+    key = (n, m, dtype, None if rerotate else int(k_abs[-1]), id(rope), id(rope.inv_freq), rope.attention_scaling)
     if tables is not None and key in tables:
-        cos, sin = tables[key]
+        cos, sin = tables[key][:2]
     else:
         cos, sin = rope_tables(rope, k_rot_pos, dtype)
         if tables is not None:
             tables.clear()
-            tables[key] = cos, sin
+            tables[key] = cos, sin, rope, rope.inv_freq  # the references keep the ids in the key unique
     kw = dict(layout=rope.layout, rotary_dim=rope.rotary_dim)
-    qr = rope_rotate(q, cos[m:], sin[m:], **kw)
+    qr = rope_rotate(q, cos[n - c:], sin[n - c:], **kw)
     kr = rope_rotate(keys, cos, sin, **kw)
-    op = _flash_op() if q.device.type == "cpu" and m and c > 1 else None
+    dev = q.device
+    # chunk token off + a (query row a) sees chunk keys 0 .. off + a
+    chunk_ok = torch.arange(kc, device=dev)[None, :] <= torch.arange(off, kc, device=dev)[:, None]
+    op = _flash_op() if dev.type == "cpu" and m and c > 1 else None
     if op is not None:
-        # the cache (every key visible) and the chunk (causal square) on the fused kernel,
-        # combined exactly through their log-sum-exps; no mask
+        # the cache (every key visible) and the chunk (causal) on the fused kernel, combined
+        # exactly through their log-sum-exps; every row sees at least one key of each part
         work = torch.promote_types(q.dtype, torch.float32)
         g = q.shape[1] // keys.shape[1]
         qw, kw_, vw = qr.to(work), kr.to(work), values.to(work)
         if g > 1:
             kw_, vw = kw_.repeat_interleave(g, dim=1), vw.repeat_interleave(g, dim=1)
         y1, l1 = op(qw, kw_[:, :, :m], vw[:, :, :m], 0.0, False, scale=scale)
-        y2, l2 = op(qw, kw_[:, :, m:], vw[:, :, m:], 0.0, True, scale=scale)
+        if off == 0:
+            y2, l2 = op(qw, kw_[:, :, m:], vw[:, :, m:], 0.0, True, scale=scale)
+        else:
+            mask = torch.zeros(c, kc, dtype=work, device=dev).masked_fill_(~chunk_ok, float("-inf"))
+            y2, l2 = op(qw, kw_[:, :, m:], vw[:, :, m:], 0.0, False, attn_mask=mask, scale=scale)
         total = torch.logaddexp(l1, l2)
         y = y1 * torch.exp(l1 - total).unsqueeze(-1) + y2 * torch.exp(l2 - total).unsqueeze(-1)
         return y.to(q.dtype)
-    if m == 0:
-        return F.scaled_dot_product_attention(qr, kr, values, is_causal=True, scale=scale, enable_gqa=True)
-    if c == 1:  # one query sees every key
+    if c == 1:  # one query, the chunk's last token, sees every key
         return F.scaled_dot_product_attention(qr, kr, values, scale=scale, enable_gqa=True)
-    idx = torch.arange(c, device=q.device)
-    mask = torch.cat((torch.ones(c, m, dtype=torch.bool, device=q.device), idx[None, :] <= idx[:, None]), dim=1)
+    if m == 0 and off == 0:
+        return F.scaled_dot_product_attention(qr, kr, values, is_causal=True, scale=scale, enable_gqa=True)
+    mask = torch.cat((torch.ones(c, m, dtype=torch.bool, device=dev), chunk_ok), dim=1)
     return F.scaled_dot_product_attention(qr, kr, values, attn_mask=mask, scale=scale, enable_gqa=True)
 
 
@@ -506,11 +569,15 @@ class SinkCache:
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RotaryEmbedding,
                scale: float | None = None) -> Tensor:
-        """Attention of one chunk's unrotated ``q``, ``k``, ``v`` for ``layer``, then trim the cache."""
+        """Attention of one chunk's unrotated ``q``, ``k``, ``v`` for ``layer``, then trim the cache.
+
+        ``k``, ``v`` ``(batch, kv_heads, C, d)`` are the chunk's ``C`` new tokens (they all enter
+        the cache); ``q`` ``(batch, heads, C_q, d)``, ``C_q <= C``, the queries of its *last*
+        ``C_q`` tokens (as :func:`sink_attention`). Returns ``(batch, heads, C_q, d_v)``."""
         if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.n_layers:
             raise IndexError(f"layer must be an int in [0, {self.n_layers}), got {layer!r}")
         check_qkv(q, k, v)
-        _check_rope(rope)
+        _check_rope(rope, q.shape[-1])
         c = k.shape[2]
         seen = self._seen[layer]
         positions = torch.arange(seen, seen + c, device=k.device)
@@ -518,8 +585,8 @@ class SinkCache:
             m, keys, values, pos = 0, k, v, positions
         else:
             m = self._k[layer].shape[2]
-            keys = torch.cat((self._k[layer], k), dim=2)
-            values = torch.cat((self._v[layer], v), dim=2)
+            keys, values = _append(self._k[layer], self._v[layer], k, v, f"the keys cached for layer {layer}",
+                                   f"the values cached for layer {layer}")
             pos = torch.cat((self._pos[layer], positions))
         out = _sink_core(q, keys, values, rope, m, pos, self.rerotate, scale, self._tables)
         n = keys.shape[2]
@@ -566,137 +633,3 @@ def stream_nll(model: Any, ids: Tensor, n_sink: int = 4, window: int = 1024, chu
         raise ValueError(f"ids must hold at least 2 tokens per row for a next-token loss, got {ids.shape[1]}")
     cache = SinkCache(model.config.n_layers, n_sink, window, rerotate=rerotate)
     return _stream_chunks(lambda part: model.logits(model.hidden(part, cache)), ids, chunk)
-
-
-# ----------------------------------------------------------------------------- the lab's TinyDecoder
-
-
-def _check_lab_model(model: object) -> Any:
-    from .model import TinyDecoder
-
-    if not isinstance(model, TinyDecoder):
-        raise TypeError(f"model must be a companion.model.TinyDecoder, got {type(model).__name__}")
-    if not isinstance(model.scheme, RotaryEmbedding):
-        raise TypeError(f"model.scheme must be a RotaryEmbedding (the lab's rope models), got "
-                        f"{type(model.scheme).__name__}")
-    return model
-
-
-@torch.no_grad()
-def lab_forward(model: Any, idx: Tensor, mode: ReRoPE | SelfExtend | None = None,
-                cache: SinkCache | None = None, *, chunk: int = 256) -> Tensor:
-    """Logits ``(batch, seq, vocab)`` of a lab :class:`~companion.model.TinyDecoder` with a
-    :class:`~companion.rope.RotaryEmbedding` scheme, with a training-free method.
-
-    Runs the model's own blocks (LayerNorms, q/k/v/o projections of its
-    :class:`~companion.model.MultiHeadAttention`, MLP, final norm and head) with the
-    attention replaced: ``mode`` (ReRoPE / Self-Extend, positions ``0 .. seq - 1``), or
-    ``cache`` (a :class:`SinkCache` of ``len(model.blocks)`` layers: the tokens continue the
-    stream it holds), or neither (plain causal RoPE attention, the model's own function).
-    """
-    model = _check_lab_model(model)
-    if mode is not None and cache is not None:
-        raise ValueError("pass mode or cache, not both")
-    if mode is not None:
-        _check_mode(mode)
-    if cache is not None:
-        if not isinstance(cache, SinkCache):
-            raise TypeError(f"cache must be a SinkCache or None, got {type(cache).__name__}")
-        if cache.n_layers != len(model.blocks):
-            raise ValueError(f"cache has {cache.n_layers} layers, the model {len(model.blocks)}")
-    check_tensor(idx, "idx", 2)
-    rope = model.scheme
-    x = model.tok(idx)
-    n = idx.shape[1]
-    for li, block in enumerate(model.blocks):
-        attn = block.attn
-        hx = block.ln1(x)
-        q = attn._split(attn.q_proj(hx), attn.n_heads)
-        k = attn._split(attn.k_proj(hx), attn.n_kv_heads)
-        v = attn._split(attn.v_proj(hx), attn.n_kv_heads)
-        if cache is not None:
-            y = cache.attend(li, q, k, v, rope)
-        elif mode is not None:
-            y = two_region_attention(q, k, v, rope, mode, chunk=chunk)
-        else:
-            pos = torch.arange(n, device=idx.device)
-            qr, kr = rope.rotate(q, k, pos, pos)
-            y = F.scaled_dot_product_attention(qr, kr, v, is_causal=True, enable_gqa=True)
-        x = x + attn.o_proj(y.transpose(1, 2).reshape(idx.shape[0], n, attn.d_model))
-        x = x + block.mlp(block.ln2(x))
-    return model.head(model.ln_f(x))
-
-
-@torch.no_grad()
-def lab_stream_nll(model: Any, idx: Tensor, n_sink: int = 4, window: int = 256, chunk: int = 64,
-                   *, rerotate: bool = True) -> Tensor:
-    """Per-token NLL ``(batch, seq - 1)`` (nats) of a lab TinyDecoder reading ``idx`` as a stream
-    through a :class:`SinkCache`, ``chunk`` tokens at a time (as :func:`stream_nll`). The loss
-    is computed from float32 logits, as ``companion.lab.evaluate.bits_per_byte`` does."""
-    model = _check_lab_model(model)
-    n_sink, window, rerotate = _check_sink_args(n_sink, window, rerotate)
-    chunk = check_positive_int(chunk, "chunk")
-    check_tensor(idx, "idx", 2)
-    if idx.shape[1] < 2:
-        raise ValueError(f"idx must hold at least 2 tokens per row, got {idx.shape[1]}")
-    cache = SinkCache(len(model.blocks), n_sink, window, rerotate=rerotate)
-    return _stream_chunks(lambda part: lab_forward(model, part, cache=cache), idx, chunk, float32=True)
-
-
-def _lab_method(method: str, params: dict[str, Any]) -> Callable[[Any, Tensor], Tensor]:
-    """A function ``(model, rows) -> nll (rows, W)`` in nats for ``method``."""
-    if method == "rerope":
-        mode = ReRoPE(params.get("window", 128))
-    elif method == "leaky_rerope":
-        mode = ReRoPE(params.get("window", 128), params.get("leak", 4.0))
-    elif method == "self_extend":
-        mode = SelfExtend(params.get("window", 64), params.get("group", 4))
-    elif method == "sinks":
-        n_sink, window, chunk = params.get("n_sink", 4), params.get("window", 192), params.get("chunk", 32)
-        rerotate = params.get("rerotate", True)
-        return lambda model, rows: lab_stream_nll(model, rows, n_sink, window, chunk, rerotate=rerotate)
-    else:
-        raise ValueError(f"method must be one of {list(TRAINFREE_METHODS)}, got {method!r}")
-
-    def run(model: Any, rows: Tensor) -> Tensor:
-        logits = lab_forward(model, rows[:, :-1], mode).float()
-        return F.cross_entropy(logits.transpose(1, 2), rows[:, 1:], reduction="none")
-
-    return run
-
-
-@torch.no_grad()
-def lab_bits_per_byte(
-    model: Any,
-    data: np.ndarray,
-    lengths: list[int] | tuple[int, ...],
-    method: str,
-    *,
-    windows_per_length: int = 2048,
-    blocks: int = 256,
-    reach: int | None = None,
-    tokens_per_batch: int = 1 << 14,
-    **params: Any,
-) -> dict[int, dict[str, Any]]:
-    """``companion.lab.evaluate.bits_per_byte`` with a training-free method.
-
-    The same windows (``windows_per_length`` windows ending at the same bytes at every
-    length, after the first ``reach`` bytes of ``data``), the same batching and the same
-    figures (``"all"``, ``"tail"`` and their per-block means ``"all_blocks"``,
-    ``"tail_blocks"``), so the result compares with chapter 8's, window by window. The lab's
-    tokens are bytes, so bits per token are bits per byte. ``method`` is one of
-    :data:`TRAINFREE_METHODS`; ``params``: ``window`` (and ``leak``) for ``rerope`` /
-    ``leaky_rerope``, ``window`` and ``group`` for ``self_extend``, ``n_sink``, ``window``,
-    ``chunk`` and ``rerotate`` for ``sinks`` (each window is one stream through a fresh cache).
-    """
-    from .lab.evaluate import LN2, window_bits
-
-    _check_lab_model(model)
-    run = _lab_method(method, dict(params))
-    model.eval()
-
-    def bits_fn(rows: Tensor, w: int) -> Tensor:
-        per_batch = max(1, tokens_per_batch // w)
-        return torch.cat([run(model, part) / LN2 for part in rows.split(per_batch)])
-
-    return window_bits(bits_fn, data, lengths, windows_per_length=windows_per_length, blocks=blocks, reach=reach)

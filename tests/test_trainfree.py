@@ -1,4 +1,5 @@
-"""companion.trainfree: ReRoPE, Leaky ReRoPE, Self-Extend and attention sinks.
+"""companion.trainfree: ReRoPE, Leaky ReRoPE, Self-Extend and attention sinks; and their
+evaluation on the lab's TinyDecoder (companion.lab.trainfree_lab).
 
 Every method is checked against a dense formula written here, in float64 on small sizes with
 grouped-query heads: the full ``L x L`` logits from the *relative* positions of the method
@@ -17,6 +18,7 @@ import torch
 
 from companion import trainfree as tf
 from companion.attention import attention
+from companion.lab import trainfree_lab as tl
 from companion.lab.evaluate import bits_per_byte
 from companion.model import TinyDecoder
 from companion.rope import RotaryEmbedding
@@ -296,6 +298,50 @@ def test_two_region_rejects_bad_input():
         tf.max_relative_position(mode, 0)
 
 
+def test_two_region_rejects_a_rope_built_for_another_head_dim():
+    """A rope built for 8 dims on 16-dim heads would rotate half of each head and pass the
+    rest through; rope.rotate refuses it, and so does every path here. (A partial rotation is
+    a rope *built* with rotary_dim < head_dim: ROPES["partial"], checked against the dense
+    formula above, which leaves the dims past rotary_dim unrotated.)"""
+    narrow = RotaryEmbedding(8, base=100.0)
+    q, k, v = _qkv(lq=6, lk=6)
+    message = r"rope was built for head_dim 8 \(rotary_dim 8\), but q and k have head_dim 16"
+    with pytest.raises(ValueError, match="must equal this scheme's head_dim 8, got 16"):
+        narrow.rotate(q, k, torch.arange(6), torch.arange(6))  # the rope's own rule
+    with pytest.raises(ValueError, match=message):
+        tf.two_region_attention(q, k, v, narrow, tf.ReRoPE(2))
+    with pytest.raises(ValueError, match=message):
+        tf.sink_attention(q, k, v, narrow, positions=torch.arange(6))
+    with pytest.raises(ValueError, match=message):
+        tf.SinkCache(1).attend(0, q, k, v, narrow)
+
+
+def _dynamic_rope():
+    """Dynamic NTK over 16 native positions: its base grows with the length of a pass."""
+    return RotaryEmbedding(16, rope_config={"rope_type": "dynamic", "rope_theta": 100.0, "factor": 2.0},
+                           max_position_embeddings=16)
+
+
+@pytest.mark.parametrize("method", ["rerope", "leaky_rerope", "self_extend"])
+def test_two_region_follows_a_dynamic_ntk_rope_as_its_own_attention_does(method, impl):
+    """A length-dependent rope_config: the frequencies are those rope.rotate picks for the
+    pass (positions 0 .. 39, beyond the 16 native ones), for both branches."""
+    q, k, v = _qkv(lq=40, lk=40)
+    plain = attention(q, k, v, _dynamic_rope(), causal=True)  # rope.rotate's rule, a fresh rope
+    rope = _dynamic_rope()
+    native = rope.inv_freq.clone()
+    wide = tf.two_region_attention(q, k, v, rope, _mode(method, 40))
+    assert (wide - plain).abs().max().item() < TOL64
+    assert not torch.equal(rope.inv_freq, native)  # not vacuous: the base did change
+    stale = attention(q, k, v, RotaryEmbedding(16, inv_freq=native), causal=True)
+    assert (stale - plain).abs().max().item() > 1e-3
+    # a narrow window: the dense formula with the frequencies of the whole pass
+    rope = _dynamic_rope()
+    got = tf.two_region_attention(q, k, v, rope, _mode(method, 6), chunk=7)
+    want = dense_relative(q, k, v, rope, rel_matrix(method, 40, 40, w=6, leak=4.0, group=3))
+    assert (got - want).abs().max().item() < TOL64
+
+
 # ----------------------------------------------------------------------------- attention sinks
 
 
@@ -435,6 +481,91 @@ def test_sink_cache_rejects_bad_input():
         cache.attend(0, q, k, v, None)
 
 
+def run_cache_last(q, k, v, rope, n_sink, window, chunk, n_q):
+    """run_cache with only the queries of the last n_q tokens of each chunk."""
+    cache = tf.SinkCache(1, n_sink, window)
+    outs = []
+    for s in range(0, q.shape[2], chunk):
+        e = min(s + chunk, q.shape[2])
+        a = max(s, e - n_q)
+        outs.append(cache.attend(0, q[:, :, a:e], k[:, :, s:e], v[:, :, s:e], rope))
+    return outs
+
+
+@pytest.mark.parametrize("n_q", [0, 1, 3])
+def test_sinks_with_fewer_queries_than_keys_are_the_last_tokens(n_q, impl):
+    """Queries of the last n_q tokens of each chunk: the rows of those tokens in the full run,
+    which the dense chunked definition checks."""
+    rope = ROPES["partial"]()
+    q, k, v = _qkv(lq=24, lk=24)
+    want = streaming_chunks(q, k, v, rope, 2, 6, 5)  # every token's query
+    outs = run_cache_last(q, k, v, rope, 2, 6, 5, n_q)
+    for s, out in zip(range(0, 24, 5), outs):
+        e = min(s + 5, 24)
+        rows = want[:, :, max(s, e - n_q):e]
+        assert out.shape == rows.shape
+        if n_q:
+            assert (out - rows).abs().max().item() < TOL64
+
+
+def test_sink_attention_with_fewer_queries_than_keys(impl):
+    rope = ROPES["interleaved"]()
+    q, k, v = _qkv(b=1, lq=12, lk=12)
+    pos = torch.arange(12)
+    past = dict(past_k=k[:, :, :5], past_v=v[:, :, :5], past_pos=pos[:5])
+    full = attention(q, k, v, rope, causal=True)  # nothing evicted: plain
+    for rerotate in (True, False):
+        got = tf.sink_attention(q[:, :, 9:], k[:, :, 5:], v[:, :, 5:], rope, positions=pos[5:], rerotate=rerotate,
+                                **past)
+        assert (got - full[:, :, 9:]).abs().max().item() < TOL64
+        first = tf.sink_attention(q[:, :, 4:7], k[:, :, :7], v[:, :, :7], rope, positions=pos[:7], rerotate=rerotate)
+        assert (first - full[:, :, 4:7]).abs().max().item() < TOL64
+    with pytest.raises(ValueError, match=r"q_len \(8\) must be <= the chunk's k_len \(7\)"):
+        tf.sink_attention(q[:, :, 4:], k[:, :, 5:], v[:, :, 5:], rope, positions=pos[5:], **past)
+    with pytest.raises(ValueError, match=r"q_len \(4\) must be <= the chunk's k_len \(3\)"):
+        tf.SinkCache(1).attend(0, q[:, :, :4], k[:, :, :3], v[:, :, :3], rope)
+
+
+def test_sink_positions_must_be_integers():
+    rope = ROPES["half"]()
+    q, k, v = _qkv(b=1, lq=6, lk=6)
+    pos = torch.arange(6)
+    with pytest.raises(TypeError, match=r"positions must hold integers .* got dtype torch.float32"):
+        tf.sink_attention(q, k, v, rope, positions=pos.float(), rerotate=False)
+    with pytest.raises(TypeError, match=r"past_pos must hold integers .* got dtype torch.float64"):
+        tf.sink_attention(q[:, :, 3:], k[:, :, 3:], v[:, :, 3:], rope, positions=pos[3:], past_k=k[:, :, :3],
+                          past_v=v[:, :, :3], past_pos=pos[:3].double(), rerotate=False)
+    with pytest.raises(TypeError, match="positions must be an integer tensor"):
+        tf.sink_attention(q, k, v, rope, positions=None)
+    # a list of ints or an int32 tensor is the same as int64
+    want = tf.sink_attention(q, k, v, rope, positions=pos, rerotate=False)
+    for other in (list(range(6)), pos.int()):
+        assert torch.equal(tf.sink_attention(q, k, v, rope, positions=other, rerotate=False), want)
+
+
+def test_sink_cache_follows_a_dynamic_ntk_rope():
+    """One chunk with nothing evicted: the plain attention of the same length-dependent rope."""
+    q, k, v = _qkv(lq=40, lk=40)
+    plain = attention(q, k, v, _dynamic_rope(), causal=True)
+    got, _ = run_cache(q, k, v, _dynamic_rope(), 4, 64, 40)
+    assert (got - plain).abs().max().item() < TOL64
+
+
+def test_sink_cache_rejects_a_chunk_unlike_the_cache():
+    rope = ROPES["half"]()
+    q, k, v = _qkv(b=2, lq=4, lk=4)
+    cache = tf.SinkCache(1)
+    cache.attend(0, q, k, v, rope)
+    with pytest.raises(ValueError, match=r"the keys cached for layer 0 \(shape \(2, 2, 4, 16\).* and the chunk's k "
+                                         r"\(shape \(1, 2, 4, 16\).* must agree in batch"):
+        cache.attend(0, q[:1], k[:1], v[:1], rope)
+    with pytest.raises(ValueError, match=r"past_v .*torch.float32.* and the chunk's v .*torch.float64"):
+        tf.sink_attention(q, k, v, rope, positions=torch.arange(4, 8), past_k=k, past_v=v.float(),
+                          past_pos=torch.arange(4))
+    with pytest.raises(ValueError, match="past_k, past_v and past_pos must be given together"):
+        tf.sink_attention(q, k, v, rope, positions=torch.arange(4, 8), past_v=v)
+
+
 # ----------------------------------------------------------------------------- the lab's TinyDecoder
 
 
@@ -453,19 +584,19 @@ def test_lab_forward_plain_and_wide_windows_equal_the_model(lab_model):
     idx = torch.randint(0, 256, (2, 30), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = lab_model(idx)
-        assert (tf.lab_forward(lab_model, idx) - ref).abs().max().item() < TOL64
+        assert (tl.lab_forward(lab_model, idx) - ref).abs().max().item() < TOL64
         for mode in (tf.ReRoPE(30), tf.ReRoPE(40, 2.0), tf.SelfExtend(30, 4)):
-            assert (tf.lab_forward(lab_model, idx, mode) - ref).abs().max().item() < TOL64
+            assert (tl.lab_forward(lab_model, idx, mode) - ref).abs().max().item() < TOL64
         # not vacuous: a small window changes the logits
-        assert (tf.lab_forward(lab_model, idx, tf.ReRoPE(4)) - ref).abs().max().item() > 1e-4
+        assert (tl.lab_forward(lab_model, idx, tf.ReRoPE(4)) - ref).abs().max().item() > 1e-4
         # the sink stream with nothing evicted is the plain model; the nll is a cross entropy of
         # the same logits, so it agrees to the same rounding
         nll32 = torch.nn.functional.cross_entropy(ref[:, :-1].float().transpose(1, 2), idx[:, 1:], reduction="none")
         for chunk in (1, 7, 29):
-            s = tf.lab_stream_nll(lab_model, idx, 4, 26, chunk)
+            s = tl.lab_stream_nll(lab_model, idx, 4, 26, chunk)
             assert s.shape == (2, 29) and s.dtype == torch.float32
             assert (s - nll32).abs().max().item() <= BITS32
-        assert (tf.lab_stream_nll(lab_model, idx, 2, 8, 4) - nll32).abs().max().item() > 1e-4
+        assert (tl.lab_stream_nll(lab_model, idx, 2, 8, 4) - nll32).abs().max().item() > 1e-4
 
 
 def test_lab_bits_per_byte_matches_the_lab_evaluation(lab_model):
@@ -478,7 +609,7 @@ def test_lab_bits_per_byte_matches_the_lab_evaluation(lab_model):
     wide = {"rerope": {"window": 64}, "leaky_rerope": {"window": 64, "leak": 2.0},
             "self_extend": {"window": 64, "group": 4}, "sinks": {"n_sink": 4, "window": 64, "chunk": 8}}
     for method, params in wide.items():
-        got = tf.lab_bits_per_byte(lab_model, data, lengths, method, **kw, **params)
+        got = tl.lab_bits_per_byte(lab_model, data, lengths, method, **kw, **params)
         assert set(got) == set(ref)
         for w in lengths:
             assert set(got[w]) == {"all", "tail", "all_blocks", "tail_blocks"}
@@ -488,35 +619,106 @@ def test_lab_bits_per_byte_matches_the_lab_evaluation(lab_model):
                 assert len(got[w][key]) == 8  # losses each within BITS32 is within BITS32)
                 assert got[w][key] == pytest.approx(ref[w][key], abs=BITS32), (method, w, key)
             # one length at a time, with the reach of the joint call: the same windows
-            single = tf.lab_bits_per_byte(lab_model, data, [w], method, reach=max(lengths), **kw, **params)
+            single = tl.lab_bits_per_byte(lab_model, data, [w], method, reach=max(lengths), **kw, **params)
             assert single == {w: got[w]}, (method, w)
     # without the reach a single length's windows end elsewhere (the comparison can tell)
-    alone = tf.lab_bits_per_byte(lab_model, data, [16], "rerope", window=64, **kw)
+    alone = tl.lab_bits_per_byte(lab_model, data, [16], "rerope", window=64, **kw)
     assert max(abs(a - b) for a, b in zip(alone[16]["all_blocks"], ref[16]["all_blocks"])) > 1e-3
-    narrow = tf.lab_bits_per_byte(lab_model, data, lengths, "rerope", windows_per_length=8, blocks=8, window=4)
+    narrow = tl.lab_bits_per_byte(lab_model, data, lengths, "rerope", windows_per_length=8, blocks=8, window=4)
     assert abs(narrow[32]["all"] - ref[32]["all"]) > 1e-5
     assert max(abs(a - b) for a, b in zip(narrow[32]["all_blocks"], ref[32]["all_blocks"])) > 1e-5
     with pytest.raises(ValueError, match="method must be one of"):
-        tf.lab_bits_per_byte(lab_model, data, lengths, "yarn")
+        tl.lab_bits_per_byte(lab_model, data, lengths, "yarn")
     with pytest.raises(ValueError, match=r"blocks \(3\) must divide windows_per_length \(8\)"):
-        tf.lab_bits_per_byte(lab_model, data, lengths, "rerope", windows_per_length=8, blocks=3, window=64)
+        tl.lab_bits_per_byte(lab_model, data, lengths, "rerope", windows_per_length=8, blocks=3, window=64)
     with pytest.raises(ValueError, match="reach"):
-        tf.lab_bits_per_byte(lab_model, data, lengths, "rerope", windows_per_length=8, blocks=8, reach=16,
+        tl.lab_bits_per_byte(lab_model, data, lengths, "rerope", windows_per_length=8, blocks=8, reach=16,
                              window=64)
 
 
 def test_lab_forward_rejects_other_models(lab_model):
     with pytest.raises(TypeError, match="model must be a companion.model.TinyDecoder"):
-        tf.lab_forward(torch.nn.Linear(2, 2), torch.zeros(1, 2, dtype=torch.long))
+        tl.lab_forward(torch.nn.Linear(2, 2), torch.zeros(1, 2, dtype=torch.long))
     nope = TinyDecoder(16, d_model=8, n_heads=2, n_layers=1)
     with pytest.raises(TypeError, match="model.scheme must be a RotaryEmbedding"):
-        tf.lab_forward(nope, torch.zeros(1, 2, dtype=torch.long))
+        tl.lab_forward(nope, torch.zeros(1, 2, dtype=torch.long))
     idx = torch.zeros(1, 4, dtype=torch.long)
     with pytest.raises(ValueError, match="pass mode or cache, not both"):
-        tf.lab_forward(lab_model, idx, tf.ReRoPE(2), tf.SinkCache(2))
+        tl.lab_forward(lab_model, idx, tf.ReRoPE(2), tf.SinkCache(2))
     with pytest.raises(ValueError, match="cache has 3 layers, the model 2"):
-        tf.lab_forward(lab_model, idx, cache=tf.SinkCache(3))
+        tl.lab_forward(lab_model, idx, cache=tf.SinkCache(3))
     with pytest.raises(ValueError, match="chunk must be >= 1, got 0"):
-        tf.lab_stream_nll(lab_model, idx, 4, 8, 0)
+        tl.lab_stream_nll(lab_model, idx, 4, 8, 0)
     with pytest.raises(ValueError, match="n_sink must be >= 0, got -2"):
-        tf.lab_stream_nll(lab_model, idx, -2, 8, 2)
+        tl.lab_stream_nll(lab_model, idx, -2, 8, 2)
+
+
+def test_lab_bits_per_byte_rejects_unknown_keywords(lab_model):
+    """A misspelt keyword must not fall back to the default silently."""
+    assert list(tl.LAB_METHOD_PARAMS) == list(tf.TRAINFREE_METHODS)
+    data = np.zeros(600, dtype=np.uint8)
+    kw = dict(windows_per_length=2, blocks=1)
+    cases = [("rerope", {"windw": 64}, r"\['windw'\] for method 'rerope'; allowed: \['window'\]"),
+             ("rerope", {"leak": 2.0}, r"\['leak'\] for method 'rerope'; allowed: \['window'\]"),
+             ("leaky_rerope", {"leek": 2.0}, r"\['leek'\] for method 'leaky_rerope'; allowed: \['window', 'leak'\]"),
+             ("self_extend", {"groups": 2}, r"\['groups'\] for method 'self_extend'; allowed: \['window', 'group'\]"),
+             ("sinks", {"n_sinks": 2, "rerotation": False},
+              r"\['n_sinks', 'rerotation'\] for method 'sinks'; allowed: \['n_sink', 'window', 'chunk', 'rerotate'\]"),
+             ("rerope", {"block": 1}, r"\['block'\] .* \(and the evaluation's \['windows_per_length', 'blocks'")]
+    for method, params, message in cases:
+        with pytest.raises(ValueError, match="lab_bits_per_byte's keywords has unknown keys " + message):
+            tl.lab_bits_per_byte(lab_model, data, [16], method, **kw, **params)
+    with pytest.raises(ValueError, match=r"method must be one of \['rerope', 'leaky_rerope', 'self_extend', "
+                                         r"'sinks'\], got 'ReRoPE'"):
+        tl.lab_bits_per_byte(lab_model, data, [16], "ReRoPE", **kw)
+    with pytest.raises(ValueError, match="tokens_per_batch must be >= 1, got 0"):
+        tl.lab_bits_per_byte(lab_model, data, [16], "rerope", tokens_per_batch=0, **kw)
+    # the sink parameters are checked when the method is built, before any window is read
+    with pytest.raises(ValueError, match="chunk must be >= 1, got 0"):
+        tl.lab_bits_per_byte(lab_model, data, [16], "sinks", chunk=0, **kw)
+    with pytest.raises(TypeError, match="rerotate must be a bool"):
+        tl.lab_bits_per_byte(lab_model, data, [16], "sinks", rerotate="no", **kw)
+
+
+def test_lab_settings_are_valid_keywords_and_reject_bad_input():
+    for name, method in tl.LAB_TRAINFREE.items():
+        for train_len in (tl._MIN_TRAIN_LEN[name], 8, 128):
+            for length in (1, train_len, 4 * train_len):
+                kw = tl.lab_settings(name, train_len, length)
+                tl._lab_method(method, kw)  # every setting is a valid keyword set of its method
+        with pytest.raises(ValueError, match=f"train_len must be >= {tl._MIN_TRAIN_LEN[name]}, got "
+                                             f"{tl._MIN_TRAIN_LEN[name] - 1}"):
+            tl.lab_settings(name, tl._MIN_TRAIN_LEN[name] - 1, 64)
+    with pytest.raises(ValueError, match=r"name must be one of \['rerope', .*'sinks_no_rerotate'\], got 'sink'"):
+        tl.lab_settings("sink", 128, 256)
+    with pytest.raises(ValueError, match="length must be >= 1, got 0"):
+        tl.lab_settings("rerope", 128, 0)
+    with pytest.raises(TypeError, match="train_len must be an int"):
+        tl.lab_settings("rerope", 128.0, 256)
+
+
+def test_run_trainfree_checks_every_argument_before_loading(monkeypatch, tmp_path):
+    def refuse(*args, **kwargs):
+        raise AssertionError("nothing may be loaded before the arguments are checked")
+
+    monkeypatch.setattr(tl, "load_corpus", refuse)
+    monkeypatch.setattr(tl, "load_checkpoint", refuse)
+    ckpt = [str(tmp_path / "rope.pt")]
+    with pytest.raises(ValueError, match=r"names must be a non-empty list drawn from \['rerope', .*got \['sink'\]"):
+        tl.run_trainfree(ckpt, [1, 2], names=["sink"])
+    with pytest.raises(ValueError, match="names must not repeat"):
+        tl.run_trainfree(ckpt, [1, 2], names=["rerope", "rerope"])
+    with pytest.raises(TypeError, match="names must be a list"):
+        tl.run_trainfree(ckpt, [1, 2], names="rerope")
+    with pytest.raises(ValueError, match=r"multiples\[1\] must be >= 1, got 0"):
+        tl.run_trainfree(ckpt, [1, 0])
+    with pytest.raises(ValueError, match=r"multiples must not repeat a value, got \[1, 2, 1\]"):
+        tl.run_trainfree(ckpt, [1, 2, 1])
+    with pytest.raises(ValueError, match="windows_per_length must be >= 1, got 0"):
+        tl.run_trainfree(ckpt, [1], windows_per_length=0)
+    with pytest.raises(ValueError, match=r"blocks \(256\) must divide windows_per_length \(1000\)"):
+        tl.run_trainfree(ckpt, [1], windows_per_length=1000)
+    with pytest.raises(TypeError, match="checkpoints must be a non-empty list of paths"):
+        tl.run_trainfree(ckpt[0], [1])
+    with pytest.raises(TypeError, match="checkpoints must hold paths"):
+        tl.run_trainfree([0], [1])

@@ -1,9 +1,16 @@
-"""Chapter 11's training-free extension on the lab's RoPE models: settings and the job.
+"""Chapter 11's training-free extension on the lab's RoPE models: the evaluation, its settings and the job.
 
-Each method of :mod:`companion.trainfree` is run on the RoPE checkpoints of chapter 8's
-sweep at every evaluation length, with the same windows and figures as
-:func:`companion.lab.evaluate.bits_per_byte`, so its curve plots beside chapter 8's. The
-settings keep every position RoPE sees inside the trained range ``0 .. train_len - 1``:
+The methods live in :mod:`companion.trainfree` (which knows nothing of the lab); this module
+runs them on a lab :class:`~companion.model.TinyDecoder` with a
+:class:`~companion.rope.RotaryEmbedding` scheme: :func:`lab_forward` (the model's own blocks
+with the attention replaced), :func:`lab_stream_nll` (the model reading a stream through a
+:class:`~companion.trainfree.SinkCache`) and :func:`lab_bits_per_byte` (the windows and
+figures of :func:`companion.lab.evaluate.bits_per_byte`, with a method).
+
+Each method is run on the RoPE checkpoints of chapter 8's sweep at every evaluation length
+(:func:`run_trainfree`), so its curve plots beside chapter 8's. The settings
+(:func:`lab_settings`) keep every position RoPE sees inside the trained range
+``0 .. train_len - 1``:
 
 * ReRoPE: a neighbour window ``w = train_len // 2``; far pairs sit at relative position ``w``.
 * Leaky ReRoPE: the same ``w``, and per length the smallest integer leak ``k`` whose largest
@@ -22,19 +29,36 @@ At lengths up to ``train_len`` every method is plain RoPE (tested in ``tests/tes
 
 from __future__ import annotations
 
-import math
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
+import torch.nn.functional as F
+from torch import Tensor
 
-from ..trainfree import ReRoPE, SelfExtend, lab_bits_per_byte, max_relative_position
+from .._checks import check_positive_int, check_tensor
+from ..model import TinyDecoder
+from ..rope import RotaryEmbedding
+from ..trainfree import (TRAINFREE_METHODS, ReRoPE, SelfExtend, SinkCache, _check_mode, _check_sink_args,
+                         _stream_chunks, max_relative_position, two_region_attention)
 from .corpus import load_corpus
-from .evaluate import bits_per_byte
+from .evaluate import BLOCKS, LN2, _check_blocks, bits_per_byte, window_bits
 from .train import load_checkpoint
 
-__all__ = ["LAB_TRAINFREE", "lab_settings", "run_trainfree"]
+__all__ = ["LAB_METHOD_PARAMS", "LAB_TRAINFREE", "lab_forward", "lab_stream_nll", "lab_bits_per_byte",
+           "lab_settings", "run_trainfree"]
+
+#: The parameters of each method of :func:`lab_bits_per_byte`, with their defaults (sized for
+#: the lab's models trained at 256 bytes); no other keyword is accepted.
+LAB_METHOD_PARAMS: dict[str, dict[str, Any]] = {
+    "rerope": {"window": 128},
+    "leaky_rerope": {"window": 128, "leak": 4.0},
+    "self_extend": {"window": 64, "group": 4},
+    "sinks": {"n_sink": 4, "window": 192, "chunk": 32, "rerotate": True},
+}
 
 #: The configurations the job runs: name -> the method of :mod:`companion.trainfree`.
 LAB_TRAINFREE: dict[str, str] = {
@@ -46,6 +70,156 @@ LAB_TRAINFREE: dict[str, str] = {
     "sinks_no_rerotate": "sinks",
 }
 
+#: The shortest training length each configuration of :func:`lab_settings` can be sized for
+#: (a window and a chunk of at least one token; Leaky ReRoPE needs ``w < train_len - 1``).
+_MIN_TRAIN_LEN: dict[str, int] = {"rerope": 2, "leaky_rerope": 3, "self_extend": 2, "sinks": 6,
+                                  "window_only": 4, "sinks_no_rerotate": 6}
+
+
+# ----------------------------------------------------------------------------- the evaluation
+
+
+def _check_lab_model(model: object) -> TinyDecoder:
+    if not isinstance(model, TinyDecoder):
+        raise TypeError(f"model must be a companion.model.TinyDecoder, got {type(model).__name__}")
+    if not isinstance(model.scheme, RotaryEmbedding):
+        raise TypeError(f"model.scheme must be a RotaryEmbedding (the lab's rope models), got "
+                        f"{type(model.scheme).__name__}")
+    return model
+
+
+@torch.no_grad()
+def lab_forward(model: Any, idx: Tensor, mode: ReRoPE | SelfExtend | None = None,
+                cache: SinkCache | None = None, *, chunk: int = 256) -> Tensor:
+    """Logits ``(batch, seq, vocab)`` of a lab :class:`~companion.model.TinyDecoder` with a
+    :class:`~companion.rope.RotaryEmbedding` scheme, with a training-free method.
+
+    Runs the model's own blocks (LayerNorms, q/k/v/o projections of its
+    :class:`~companion.model.MultiHeadAttention`, MLP, final norm and head) with the
+    attention replaced: ``mode`` (ReRoPE / Self-Extend, positions ``0 .. seq - 1``), or
+    ``cache`` (a :class:`~companion.trainfree.SinkCache` of ``len(model.blocks)`` layers: the tokens continue the
+    stream it holds), or neither (plain causal RoPE attention, the model's own function).
+    """
+    model = _check_lab_model(model)
+    if mode is not None and cache is not None:
+        raise ValueError("pass mode or cache, not both")
+    if mode is not None:
+        _check_mode(mode)
+    if cache is not None:
+        if not isinstance(cache, SinkCache):
+            raise TypeError(f"cache must be a SinkCache or None, got {type(cache).__name__}")
+        if cache.n_layers != len(model.blocks):
+            raise ValueError(f"cache has {cache.n_layers} layers, the model {len(model.blocks)}")
+    check_tensor(idx, "idx", 2)
+    rope = model.scheme
+    x = model.tok(idx)
+    n = idx.shape[1]
+    for li, block in enumerate(model.blocks):
+        attn = block.attn
+        hx = block.ln1(x)
+        q = attn._split(attn.q_proj(hx), attn.n_heads)
+        k = attn._split(attn.k_proj(hx), attn.n_kv_heads)
+        v = attn._split(attn.v_proj(hx), attn.n_kv_heads)
+        if cache is not None:
+            y = cache.attend(li, q, k, v, rope)
+        elif mode is not None:
+            y = two_region_attention(q, k, v, rope, mode, chunk=chunk)
+        else:
+            pos = torch.arange(n, device=idx.device)
+            qr, kr = rope.rotate(q, k, pos, pos)
+            y = F.scaled_dot_product_attention(qr, kr, v, is_causal=True, enable_gqa=True)
+        x = x + attn.o_proj(y.transpose(1, 2).reshape(idx.shape[0], n, attn.d_model))
+        x = x + block.mlp(block.ln2(x))
+    return model.head(model.ln_f(x))
+
+
+@torch.no_grad()
+def lab_stream_nll(model: Any, idx: Tensor, n_sink: int = 4, window: int = 256, chunk: int = 64,
+                   *, rerotate: bool = True) -> Tensor:
+    """Per-token NLL ``(batch, seq - 1)`` (nats) of a lab TinyDecoder reading ``idx`` as a stream
+    through a :class:`~companion.trainfree.SinkCache`, ``chunk`` tokens at a time (as
+    :func:`companion.trainfree.stream_nll`). The loss
+    is computed from float32 logits, as ``companion.lab.evaluate.bits_per_byte`` does."""
+    model = _check_lab_model(model)
+    n_sink, window, rerotate = _check_sink_args(n_sink, window, rerotate)
+    chunk = check_positive_int(chunk, "chunk")
+    check_tensor(idx, "idx", 2)
+    if idx.shape[1] < 2:
+        raise ValueError(f"idx must hold at least 2 tokens per row, got {idx.shape[1]}")
+    cache = SinkCache(len(model.blocks), n_sink, window, rerotate=rerotate)
+    return _stream_chunks(lambda part: lab_forward(model, part, cache=cache), idx, chunk, float32=True)
+
+
+def _lab_method(method: str, params: dict[str, Any], *, context: str = "params",
+                also: Sequence[str] = ()) -> Callable[[Any, Tensor], Tensor]:
+    """A function ``(model, rows) -> nll (rows, W)`` in nats for ``method`` with ``params``
+    (keys of :data:`LAB_METHOD_PARAMS` ``[method]``, the rest at their defaults); an unknown
+    key raises ``ValueError`` listing the allowed ones (and ``also``, the caller's own keywords)."""
+    if not isinstance(method, str) or method not in LAB_METHOD_PARAMS:
+        raise ValueError(f"method must be one of {list(TRAINFREE_METHODS)}, got {method!r}")
+    defaults = LAB_METHOD_PARAMS[method]
+    unknown = sorted(set(params) - set(defaults))
+    if unknown:
+        extra = f" (and the evaluation's {list(also)})" if also else ""
+        raise ValueError(f"{context} has unknown keys {unknown} for method {method!r}; allowed: "
+                         f"{list(defaults)}{extra}")
+    p = {**defaults, **params}
+    if method == "sinks":
+        n_sink, window, rerotate = _check_sink_args(p["n_sink"], p["window"], p["rerotate"])
+        chunk = check_positive_int(p["chunk"], "chunk")
+        return lambda model, rows: lab_stream_nll(model, rows, n_sink, window, chunk, rerotate=rerotate)
+    if method == "self_extend":
+        mode: ReRoPE | SelfExtend = SelfExtend(p["window"], p["group"])
+    else:
+        mode = ReRoPE(p["window"], p.get("leak"))
+
+    def run(model: Any, rows: Tensor) -> Tensor:
+        logits = lab_forward(model, rows[:, :-1], mode).float()
+        return F.cross_entropy(logits.transpose(1, 2), rows[:, 1:], reduction="none")
+
+    return run
+
+
+@torch.no_grad()
+def lab_bits_per_byte(
+    model: Any,
+    data: np.ndarray,
+    lengths: list[int] | tuple[int, ...],
+    method: str,
+    *,
+    windows_per_length: int = 2048,
+    blocks: int = 256,
+    reach: int | None = None,
+    tokens_per_batch: int = 1 << 14,
+    **params: Any,
+) -> dict[int, dict[str, Any]]:
+    """``companion.lab.evaluate.bits_per_byte`` with a training-free method.
+
+    The same windows (``windows_per_length`` windows ending at the same bytes at every
+    length, after the first ``reach`` bytes of ``data``), the same batching and the same
+    figures (``"all"``, ``"tail"`` and their per-block means ``"all_blocks"``,
+    ``"tail_blocks"``), so the result compares with chapter 8's, window by window. The lab's
+    tokens are bytes, so bits per token are bits per byte. ``method`` is one of
+    :data:`~companion.trainfree.TRAINFREE_METHODS`; ``params``: ``window`` (and ``leak``) for ``rerope`` /
+    ``leaky_rerope``, ``window`` and ``group`` for ``self_extend``, ``n_sink``, ``window``,
+    ``chunk`` and ``rerotate`` for ``sinks`` (each window is one stream through a fresh cache),
+    defaults in :data:`LAB_METHOD_PARAMS`; any other keyword raises ``ValueError``.
+    """
+    _check_lab_model(model)
+    run = _lab_method(method, dict(params), context="lab_bits_per_byte's keywords",
+                      also=("windows_per_length", "blocks", "reach", "tokens_per_batch"))
+    tokens_per_batch = check_positive_int(tokens_per_batch, "tokens_per_batch")
+    model.eval()
+
+    def bits_fn(rows: Tensor, w: int) -> Tensor:
+        per_batch = max(1, tokens_per_batch // w)
+        return torch.cat([run(model, part) / LN2 for part in rows.split(per_batch)])
+
+    return window_bits(bits_fn, data, lengths, windows_per_length=windows_per_length, blocks=blocks, reach=reach)
+
+
+# ----------------------------------------------------------------------------- the job
+
 
 def _smallest(fits, start: int = 1) -> int:
     g = start
@@ -55,10 +229,14 @@ def _smallest(fits, start: int = 1) -> int:
 
 
 def lab_settings(name: str, train_len: int, length: int) -> dict[str, Any]:
-    """The keyword arguments of :func:`companion.trainfree.lab_bits_per_byte` for ``name`` at
-    ``length`` tokens, for a model trained at ``train_len`` (see the module docstring)."""
-    if name not in LAB_TRAINFREE:
+    """The keyword arguments of :func:`lab_bits_per_byte` for ``name`` (a key of
+    :data:`LAB_TRAINFREE`) at ``length`` tokens, for a model trained at ``train_len`` (see the
+    module docstring; ``train_len`` must leave a window and a chunk of at least one token)."""
+    if not isinstance(name, str) or name not in LAB_TRAINFREE:
         raise ValueError(f"name must be one of {list(LAB_TRAINFREE)}, got {name!r}")
+    least = _MIN_TRAIN_LEN[name]
+    train_len = check_positive_int(train_len, "train_len", minimum=least)
+    length = check_positive_int(length, "length")
     top = train_len - 1
     w = train_len // 2
     if name == "rerope":
@@ -77,6 +255,19 @@ def lab_settings(name: str, train_len: int, length: int) -> dict[str, Any]:
     return {"n_sink": 4, "window": train_len - 4 - chunk, "chunk": chunk, "rerotate": False}
 
 
+def _check_names(names: object) -> list[str]:
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        raise TypeError(f"names must be a list of names of LAB_TRAINFREE (or None), got {type(names).__name__} "
+                        f"{names!r}")
+    names = list(names)
+    unknown = [n for n in names if not isinstance(n, str) or n not in LAB_TRAINFREE]
+    if unknown or not names:
+        raise ValueError(f"names must be a non-empty list drawn from {list(LAB_TRAINFREE)}, got {names!r}")
+    if len(set(names)) < len(names):
+        raise ValueError(f"names must not repeat a configuration, got {names!r}")
+    return names
+
+
 def run_trainfree(checkpoints: Sequence[str], multiples: Sequence[int], *, windows_per_length: int = 2048,
                   names: Sequence[str] | None = None) -> dict[str, Any]:
     """Evaluate every configuration of :data:`LAB_TRAINFREE` (or ``names``) on each checkpoint.
@@ -84,8 +275,21 @@ def run_trainfree(checkpoints: Sequence[str], multiples: Sequence[int], *, windo
     Returns ``{"runs": [{"checkpoint", "seed", "train_len", "plain": {W: {...}},
     "methods": {name: {"settings": {W: kwargs}, "bpb": {W: {"all", "tail"}}, "seconds"}}}],
     "wall_seconds"}``; ``plain`` is RoPE as trained (chapter 8's numbers for the same model).
+    Every argument is checked before the corpus or a checkpoint is loaded.
     """
-    names = list(LAB_TRAINFREE) if names is None else list(names)
+    if isinstance(checkpoints, (str, os.PathLike)) or not isinstance(checkpoints, Sequence) or not checkpoints:
+        raise TypeError(f"checkpoints must be a non-empty list of paths, got {checkpoints!r}")
+    for path in checkpoints:
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"checkpoints must hold paths (str or os.PathLike), got {type(path).__name__} {path!r}")
+    if isinstance(multiples, str) or not isinstance(multiples, Sequence) or not multiples:
+        raise TypeError(f"multiples must be a non-empty list of ints, got {multiples!r}")
+    multiples = [check_positive_int(m, f"multiples[{i}]") for i, m in enumerate(multiples)]
+    if len(set(multiples)) < len(multiples):
+        raise ValueError(f"multiples must not repeat a value, got {multiples}")
+    windows_per_length = check_positive_int(windows_per_length, "windows_per_length")
+    _check_blocks(BLOCKS, windows_per_length, "windows_per_length")  # the evaluations' bootstrap blocks
+    names = list(LAB_TRAINFREE) if names is None else _check_names(names)
     corpus = load_corpus()
     t0 = time.perf_counter()
     runs = []
