@@ -60,6 +60,7 @@ import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -129,6 +130,35 @@ def method_config(method: str, factor: float, original: int, base: float) -> dic
     return lab_method_config(method, factor, original, head_dim=0, base=base)  # head_dim: LongRoPE only
 
 
+#: For each training-free method, its config's keys and the :data:`TRAINFREE_DEFAULTS` key
+#: (the ``ppl`` flag, ``_`` for ``-``) each comes from.
+_CONFIG_KEYS: dict[str, dict[str, str]] = {
+    "rerope": {"window": "rerope_window"},
+    "leaky_rerope": {"window": "rerope_window", "leak": "leak"},
+    "self_extend": {"window": "se_window", "group": "se_group"},
+    "sinks": {"n_sink": "sinks", "window": "sink_window", "chunk": "chunk", "rerotate": "rerotate"},
+}
+
+
+def _check_trainfree_method(method: object, name: str = "method") -> str:
+    if not isinstance(method, str) or method not in TRAINFREE_METHODS:
+        raise ValueError(f"{name} must be one of {list(TRAINFREE_METHODS)}, got {method!r}")
+    return method
+
+
+#: The check of each config key: ``(value, name) -> value``.
+_CONFIG_CHECKS: dict[str, Any] = {
+    "window": check_positive_int, "group": check_positive_int, "chunk": check_positive_int,
+    "leak": lambda x, name: check_finite_number(x, name, above=1.0),
+    "n_sink": lambda x, name: check_positive_int(x, name, minimum=0), "rerotate": check_bool,
+}
+
+
+def _build_config(method: str, values: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
+    """The stored config ``{"method": method, key: value}``, each value checked under ``names[key]``."""
+    return {"method": method, **{key: _CONFIG_CHECKS[key](values[key], names[key]) for key in _CONFIG_KEYS[method]}}
+
+
 def trainfree_config(method: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The parameters of a training-free ``method`` (one of :data:`~companion.trainfree.TRAINFREE_METHODS`), as stored.
 
@@ -139,25 +169,31 @@ def trainfree_config(method: str, params: Mapping[str, Any] | None = None) -> di
     ``leak > 1``, ``se_window >= 1``, ``se_group >= 1``, ``sinks >= 0``, ``sink_window >= 1``,
     ``chunk >= 1``).
     """
-    if method not in TRAINFREE_METHODS:
-        raise ValueError(f"method must be one of {list(TRAINFREE_METHODS)}, got {method!r}")
+    _check_trainfree_method(method)
     p = dict(TRAINFREE_DEFAULTS)
     if params is not None:
-        unknown = sorted(set(params) - set(p))
+        if not isinstance(params, Mapping):
+            raise TypeError(f"params must be a mapping of {sorted(p)} (or None), got {type(params).__name__}")
+        unknown = sorted(map(str, set(params) - set(p)))
         if unknown:
             raise ValueError(f"params has unknown keys {unknown}; known: {sorted(p)}")
         p.update(params)
-    if method in ("rerope", "leaky_rerope"):
-        out: dict[str, Any] = {"method": method, "window": check_positive_int(p["rerope_window"], "rerope_window")}
-        if method == "leaky_rerope":
-            out["leak"] = check_finite_number(p["leak"], "leak", above=1.0)
-        return out
-    if method == "self_extend":
-        return {"method": method, "window": check_positive_int(p["se_window"], "se_window"),
-                "group": check_positive_int(p["se_group"], "se_group")}
-    return {"method": method, "n_sink": check_positive_int(p["sinks"], "sinks", minimum=0),
-            "window": check_positive_int(p["sink_window"], "sink_window"),
-            "chunk": check_positive_int(p["chunk"], "chunk"), "rerotate": check_bool(p["rerotate"], "rerotate")}
+    names = _CONFIG_KEYS[method]
+    return _build_config(method, {key: p[flag] for key, flag in names.items()}, names)
+
+
+def _check_config(config: object) -> dict[str, Any]:
+    """A stored training-free config (:func:`trainfree_config`'s form), checked: a mapping with
+    ``"method"`` and exactly that method's keys, each value in range (``ValueError`` naming it)."""
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config must be a mapping from trainfree_config, got {type(config).__name__}")
+    method = _check_trainfree_method(config.get("method"), "config['method']")
+    keys = _CONFIG_KEYS[method]
+    got = sorted(map(str, set(config) - {"method"}))
+    if got != sorted(keys):
+        raise ValueError(f"config for method {method!r} must have the keys {['method', *keys]} (as "
+                         f"trainfree_config returns), got {sorted(map(str, config))}")
+    return _build_config(method, config, {key: f"config[{key!r}]" for key in keys})
 
 
 def _trainfree_mode(config: Mapping[str, Any]) -> ReRoPE | SelfExtend:
@@ -171,6 +207,7 @@ def trainfree_reach(config: Mapping[str, Any], length: int) -> float:
     (from :func:`trainfree_config`): :func:`companion.trainfree.max_relative_position` for the
     two-region methods; for ``sinks`` with ``rerotate``, the largest position inside the cache,
     ``min(length, n_sink + window + chunk) - 1``; without ``rerotate``, ``length - 1``."""
+    config = _check_config(config)
     length = check_positive_int(length, "length")
     if config["method"] != "sinks":
         return max_relative_position(_trainfree_mode(config), length)
@@ -184,6 +221,7 @@ def trainfree_nll(model: Any, ids: Tensor, config: Mapping[str, Any]) -> Tensor:
     (:func:`trainfree_config`), on the model's installed RoPE: one prefill pass with
     :meth:`~companion.llama.LlamaModel.attention_mode` for the two-region methods,
     :func:`companion.trainfree.stream_nll` for ``sinks``."""
+    config = _check_config(config)
     if config["method"] == "sinks":
         return stream_nll(model, ids, config["n_sink"], config["window"], config["chunk"],
                           rerotate=config["rerotate"])
@@ -267,6 +305,8 @@ def evaluate_window(
     for m in methods:
         if m not in METHODS and m not in TRAINFREE_METHODS:
             raise ValueError(f"methods must be drawn from {list(METHODS) + list(TRAINFREE_METHODS)}, got {m!r}")
+    if len(set(methods)) < len(methods):  # its rows would be summed twice by summarize
+        raise ValueError(f"methods must not repeat a method, got {methods}")
     configs = {m: trainfree_config(m, trainfree) for m in methods if m in TRAINFREE_METHODS}
     cfg = model.config
     rows = []
@@ -397,15 +437,66 @@ def _json_sidecar(path: str | None, data: dict[str, Any], command: str) -> None:
         save_result(path, data, command=command)
 
 
-def _cmd_ppl(args: argparse.Namespace, command: str) -> int:
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def _trainfree_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``ppl`` flags of the training-free methods, as :data:`TRAINFREE_DEFAULTS` keys."""
+    return {"rerope_window": args.rerope_window, "leak": args.leak, "se_window": args.se_window,
+            "se_group": args.se_group, "sinks": args.sinks, "sink_window": args.sink_window,
+            "chunk": args.chunk, "rerotate": not args.no_rerotate}
+
+
+def _check_common_args(args: argparse.Namespace) -> None:
+    """The flags both commands share: ``--threads``, ``--factor``, ``--out`` and the method lists."""
+    if args.threads is not None:
+        check_positive_int(args.threads, "--threads")
+    check_finite_number(args.factor, "--factor", minimum=1.0)
+    for flag, path in (("--out", args.out), ("--json", getattr(args, "json", None))):
+        if path is not None and (not path or Path(path).is_dir()):
+            raise ValueError(f"{flag} must be a file path, got {'the folder ' if path else ''}{path!r}")
+    for key in ("methods", "native_methods"):
+        chosen = getattr(args, key, None) or []
+        if len(set(chosen)) < len(chosen):
+            raise ValueError(f"{_flag(key)} must not repeat a method, got {' '.join(chosen)}")
+
+
+def _check_ppl_args(args: argparse.Namespace) -> None:
+    """Every ``ppl`` flag, before anything is loaded (``ValueError``/``TypeError`` naming it)."""
+    _check_common_args(args)
+    check_positive_int(args.windows, "--windows")
+    check_positive_int(args.length, "--length", minimum=2)
+    check_positive_int(args.bucket, "--bucket")
+    if args.length % (2 * args.bucket):
+        raise ValueError(f"--length must be a multiple of 2 * --bucket = {2 * args.bucket}, so that the halves "
+                         f"fall on bucket edges; got --length {args.length}")
+    flags = _trainfree_flags(args)  # every method's flags, chosen or not: a bad value never passes
+    for method, names in _CONFIG_KEYS.items():
+        _build_config(method, {key: flags[name] for key, name in names.items()},
+                      {key: _flag(name) for key, name in names.items()})
+
+
+def _check_passkey_args(args: argparse.Namespace) -> None:
+    """Every ``passkey`` flag, before anything is loaded (``ValueError``/``TypeError`` naming it)."""
+    _check_common_args(args)
+    for n in args.lengths:
+        check_positive_int(n, "--lengths")
+    for depth in args.depths:
+        if not (math.isfinite(depth) and 0.0 <= depth <= 1.0):
+            raise ValueError(f"--depths must lie in [0, 1], got {depth}")
+
+
+def _cmd_ppl(args: argparse.Namespace, command: str, error: Any) -> int:
     from .utils import save_csv
 
-    trainfree = {"rerope_window": args.rerope_window, "leak": args.leak, "se_window": args.se_window,
-                 "se_group": args.se_group, "sinks": args.sinks, "sink_window": args.sink_window,
-                 "chunk": args.chunk, "rerotate": not args.no_rerotate}
-    configs = {m: trainfree_config(m, trainfree) for m in args.methods if m in TRAINFREE_METHODS}  # fail early
+    trainfree = _trainfree_flags(args)
+    configs = {m: trainfree_config(m, trainfree) for m in args.methods if m in TRAINFREE_METHODS}
     model, tok, _ = _load()
     stream, info = token_stream(tok)
+    if args.windows * args.length > len(stream):
+        error(f"--windows {args.windows} of --length {args.length} need {args.windows * args.length} tokens; "
+              f"the corpus stream has {len(stream)}, so --windows must be <= {len(stream) // args.length}")
     rows: list[dict[str, Any]] = []
     windows = []
     t0 = time.perf_counter()
@@ -432,11 +523,16 @@ def _cmd_ppl(args: argparse.Namespace, command: str) -> int:
     return 0
 
 
-def _cmd_passkey(args: argparse.Namespace, command: str) -> int:
+def _cmd_passkey(args: argparse.Namespace, command: str, error: Any) -> int:
     from .utils import save_csv
 
     model, tok, fields = _load()
     template = fields["tokenizer.chat_template"]
+    for n in args.lengths:  # the one check that needs the tokenizer: room for the prompt itself
+        try:
+            passkey_prompt(tok, template, n, 0.0, 99999)
+        except ValueError as exc:
+            error(f"--lengths {n}: {exc}")
     rng = random.Random(args.seed)
     rows: list[dict[str, Any]] = []
     native = model.config.context_length
@@ -459,7 +555,12 @@ def _cmd_passkey(args: argparse.Namespace, command: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m companion.longctx ppl|passkey``: run the chapter-10 experiments (SmolLM2-135M)."""
+    """``python -m companion.longctx ppl|passkey``: run the chapter-10 experiments (SmolLM2-135M).
+
+    Every flag is checked before the model, the tokenizer or the corpus is loaded, and the two
+    checks that need them (enough stream for ``--windows``, room for the prompt in each of
+    ``--lengths``) run before the first pass; a bad flag ends in the command's usage error
+    (exit status 2, the message naming the flag), never in a traceback."""
     parser = argparse.ArgumentParser(prog="python -m companion.longctx", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("ppl", help="perplexity by position over non-overlapping windows")
@@ -495,18 +596,16 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--threads", type=int, default=None)
     k.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    command_parser, check, run = (p, _check_ppl_args, _cmd_ppl) if args.cmd == "ppl" else (
+        k, _check_passkey_args, _cmd_passkey)
+    try:  # every flag before any work: a bad one is a usage error (exit status 2), not a traceback
+        check(args)
+    except (TypeError, ValueError) as exc:
+        command_parser.error(str(exc))
     if args.threads is not None:
-        torch.set_num_threads(check_positive_int(args.threads, "threads"))
+        torch.set_num_threads(args.threads)
     command = "python -m companion.longctx " + " ".join(sys.argv[1:] if argv is None else argv)
-    if args.cmd == "ppl":
-        check_positive_int(args.windows, "windows")
-        check_positive_int(args.length, "length", minimum=2)
-        check_positive_int(args.bucket, "bucket")
-        if args.length % (2 * args.bucket):
-            raise ValueError(f"length must be a multiple of 2 * bucket = {2 * args.bucket}, so that the halves "
-                             f"fall on bucket edges; got length {args.length}")
-        return _cmd_ppl(args, command)
-    return _cmd_passkey(args, command)
+    return run(args, command, command_parser.error)
 
 
 if __name__ == "__main__":  # pragma: no cover

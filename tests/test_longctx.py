@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import random
+import re
 
 import numpy as np
 import pytest
@@ -557,18 +558,90 @@ def test_main_ppl_short_length(tmp_path, model, smol, stream, monkeypatch):
     assert load_csv(out)[0]["command"] == "python -m companion.longctx " + " ".join(argv)
 
 
-def test_main_rejects_bad_arguments(tmp_path):
+@pytest.fixture
+def nothing_loaded(monkeypatch):
+    """main must check every flag before it loads the model, the tokenizer or the corpus."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("main loaded something before checking its arguments")
+
+    for name in ("_load", "token_stream"):
+        monkeypatch.setattr(longctx, name, refuse)
+    monkeypatch.setattr(torch, "set_num_threads", refuse)
+
+
+def _usage_error(argv, capsys):
+    """main(argv) must end in argparse's usage error: exit status 2, the message on stderr."""
+    with pytest.raises(SystemExit) as exc:
+        longctx.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m companion.longctx " + argv[0])
+    return err
+
+
+def test_main_rejects_bad_arguments(tmp_path, nothing_loaded, capsys):
     out = str(tmp_path / "x.csv")
-    with pytest.raises(ValueError, match="windows must be >= 1, got 0"):
-        longctx.main(["ppl", "--length", "128", "--windows", "0", "--out", out])
-    with pytest.raises(ValueError, match="length must be >= 2, got 1"):
-        longctx.main(["ppl", "--length", "1", "--out", out])
-    with pytest.raises(ValueError, match=r"length must be a multiple of 2 \* bucket = 512, .* got length 128"):
-        longctx.main(["ppl", "--length", "128", "--out", out])  # default bucket 256
-    with pytest.raises(ValueError, match="bucket must be >= 1, got 0"):
-        longctx.main(["ppl", "--length", "128", "--bucket", "0", "--out", out])
-    with pytest.raises(SystemExit):  # argparse: not a method
-        longctx.main(["ppl", "--methods", "linear", "--out", out])
+    ppl = ["ppl", "--out", out]
+    cases = [
+        (["--length", "128", "--windows", "0"], "--windows must be >= 1, got 0"),
+        (["--length", "1"], "--length must be >= 2, got 1"),
+        (["--length", "-256"], "--length must be >= 2, got -256"),
+        (["--length", "128"], r"--length must be a multiple of 2 \* --bucket = 512, .* got --length 128"),
+        (["--length", "128", "--bucket", "0"], "--bucket must be >= 1, got 0"),
+        (["--factor", "0.5"], "--factor must be a finite number >= 1, got 0.5"),
+        (["--factor", "nan"], "--factor must be a finite number >= 1, got nan"),
+        (["--threads", "0"], "--threads must be >= 1, got 0"),
+        (["--methods", "none", "pi", "none"], "--methods must not repeat a method, got none pi none"),
+        (["--methods", "linear"], "argument --methods: invalid choice: 'linear'"),
+        (["--length", "1.5"], "argument --length: invalid int value: '1.5'"),
+    ]
+    for extra, message in cases:
+        assert re.search("error: " + message, _usage_error(ppl + extra, capsys)), extra
+    assert "error: --out must be a file path, got ''" in _usage_error(["ppl", "--out", ""], capsys)
+    assert f"error: --json must be a file path, got the folder {str(tmp_path)!r}" in _usage_error(
+        ["ppl", "--out", out, "--json", str(tmp_path)], capsys)
+    assert "error: --out must be a file path, got the folder" in _usage_error(["passkey", "--out", str(tmp_path)],
+                                                                               capsys)
+    passkey = ["passkey", "--out", out]
+    cases = [
+        (["--depths", "0.5", "1.5"], r"--depths must lie in \[0, 1\], got 1.5"),
+        (["--depths", "-0.1"], r"--depths must lie in \[0, 1\], got -0.1"),
+        (["--depths", "nan"], r"--depths must lie in \[0, 1\], got nan"),
+        (["--factor", "0.5"], "--factor must be a finite number >= 1, got 0.5"),
+        (["--factor", "inf"], "--factor must be a finite number >= 1, got inf"),
+        (["--lengths", "8192", "0"], "--lengths must be >= 1, got 0"),
+        (["--threads", "-1"], "--threads must be >= 1, got -1"),
+        (["--native-methods", "none", "none"], "--native-methods must not repeat a method"),
+        (["--methods", "rerope"], "argument --methods: invalid choice: 'rerope'"),
+        (["--depths", "x"], "argument --depths: invalid float value: 'x'"),
+    ]
+    for extra, message in cases:
+        assert re.search("error: " + message, _usage_error(passkey + extra, capsys)), extra
+    assert not (tmp_path / "x.csv").exists()
+
+
+def _fake_load(monkeypatch, stream_len=1000):
+    """A stand-in model, a byte tokenizer and a trivial chat template: enough for the checks
+    main makes once the tokenizer exists (nothing may run after them)."""
+    class Tok:
+        def encode(self, text):
+            return type("Encoding", (), {"ids": list(text.encode())})()
+
+    fields = {"tokenizer.chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"}
+    monkeypatch.setattr(longctx, "_load", lambda layout="half": (object(), Tok(), fields))
+    monkeypatch.setattr(longctx, "token_stream", lambda tokenizer, root=None: ([0] * stream_len, {}))
+    monkeypatch.setattr(longctx, "evaluate_window", lambda *a, **k: pytest.fail("a window was evaluated"))
+    monkeypatch.setattr(longctx, "passkey_trial", lambda *a, **k: pytest.fail("a trial was run"))
+
+
+def test_main_checks_what_needs_the_tokenizer_before_any_pass(tmp_path, monkeypatch, capsys):
+    out = str(tmp_path / "x.csv")
+    _fake_load(monkeypatch, stream_len=1000)
+    err = _usage_error(["ppl", "--length", "256", "--bucket", "32", "--windows", "4", "--out", out], capsys)
+    assert "error: --windows 4 of --length 256 need 1024 tokens; the corpus stream has 1000, so --windows must " \
+           "be <= 3" in err
+    err = _usage_error(["passkey", "--lengths", "1000", "50", "--out", out], capsys)
+    assert re.search(r"error: --lengths 50: n_tokens must be at least \d+ \(the prompt without filler\), got 50", err)
     assert not (tmp_path / "x.csv").exists()
 
 
@@ -670,17 +743,49 @@ def test_main_ppl_trainfree_methods(tmp_path, model, smol, stream, monkeypatch):
     assert abs(float(none[0]["nll_sum"]) - float(sinks[0]["nll_sum"])) < 1e-3 * float(none[0]["nll_sum"])
 
 
-def test_main_rejects_bad_trainfree_arguments(tmp_path):
+def test_main_rejects_bad_trainfree_arguments(tmp_path, nothing_loaded, capsys):
     out = str(tmp_path / "x.csv")
     base = ["ppl", "--length", "128", "--bucket", "32", "--out", out, "--methods"]
-    with pytest.raises(ValueError, match="leak must be a finite number > 1, got 1.0"):
-        longctx.main(base + ["leaky_rerope", "--leak", "1"])
-    with pytest.raises(ValueError, match="se_group must be >= 1, got 0"):
-        longctx.main(base + ["self_extend", "--se-group", "0"])
-    with pytest.raises(ValueError, match="chunk must be >= 1, got 0"):
-        longctx.main(base + ["sinks", "--chunk", "0"])
-    with pytest.raises(ValueError, match="sinks must be >= 0, got -1"):
-        longctx.main(base + ["sinks", "--sinks", "-1"])
-    with pytest.raises(ValueError, match="rerope_window must be >= 1, got 0"):
-        longctx.main(base + ["rerope", "--rerope-window", "0"])
+    cases = [(["leaky_rerope", "--leak", "1"], "--leak must be a finite number > 1, got 1.0"),
+             (["leaky_rerope", "--leak", "nan"], "--leak must be a finite number > 1, got nan"),
+             (["self_extend", "--se-group", "0"], "--se-group must be >= 1, got 0"),
+             (["self_extend", "--se-window", "-4"], "--se-window must be >= 1, got -4"),
+             (["sinks", "--chunk", "0"], "--chunk must be >= 1, got 0"),
+             (["sinks", "--sinks", "-1"], "--sinks must be >= 0, got -1"),
+             (["sinks", "--sink-window", "0"], "--sink-window must be >= 1, got 0"),
+             (["rerope", "--rerope-window", "0"], "--rerope-window must be >= 1, got 0"),
+             # a flag of a method not chosen is checked too: a bad value never passes silently
+             (["none", "--leak", "0.5"], "--leak must be a finite number > 1, got 0.5")]
+    for extra, message in cases:
+        assert "error: " + message in _usage_error(base + extra, capsys), extra
     assert not (tmp_path / "x.csv").exists()
+
+
+def test_trainfree_configs_are_checked_where_they_are_read():
+    """A hand-written config gets a ValueError naming the key, not a KeyError."""
+    good = longctx.trainfree_config("self_extend")
+    assert longctx.trainfree_reach(dict(good), 4096) == longctx.trainfree_reach(good, 4096)
+    with pytest.raises(ValueError, match=r"config\['method'\] must be one of \['rerope', .*'sinks'\], got 'yarn'"):
+        longctx.trainfree_reach({"method": "yarn"}, 4096)
+    with pytest.raises(ValueError, match=r"config\['method'\] must be one of .*got None"):
+        longctx.trainfree_reach({"window": 8}, 4096)
+    with pytest.raises(ValueError, match=r"config for method 'self_extend' must have the keys \['method', "
+                                         r"'window', 'group'\] .*got \['method', 'window'\]"):
+        longctx.trainfree_reach({"method": "self_extend", "window": 8}, 4096)
+    with pytest.raises(ValueError, match=r"config\['group'\] must be >= 1, got 0"):
+        longctx.trainfree_reach({"method": "self_extend", "window": 8, "group": 0}, 4096)
+    with pytest.raises(TypeError, match="config must be a mapping"):
+        longctx.trainfree_reach("rerope", 4096)
+    with pytest.raises(ValueError, match=r"config for method 'sinks' must have the keys"):
+        longctx.trainfree_nll(None, None, {"method": "sinks", "n_sink": 4})
+    with pytest.raises(ValueError, match=r"method must be one of \['rerope'.*got 3"):
+        longctx.trainfree_config(3)
+    with pytest.raises(TypeError, match="params must be a mapping"):
+        longctx.trainfree_config("rerope", [("rerope_window", 3)])
+
+
+def test_evaluate_window_rejects_repeated_methods():
+    """A method twice would store its rows twice, and summarize would sum them together
+    (checked before the model is touched, so no model is needed here)."""
+    with pytest.raises(ValueError, match=r"methods must not repeat a method, got \['none', 'rerope', 'none'\]"):
+        longctx.evaluate_window(None, torch.arange(10)[None], ["none", "rerope", "none"])

@@ -26,6 +26,7 @@ Every field of :class:`~companion.lab.train.TrainConfig` is an option (``--steps
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
 from dataclasses import fields
@@ -35,11 +36,16 @@ import torch
 
 import torch.distributed as dist
 
+from .._checks import check_finite_number, check_positive_int
+from .._cli import (as_flags, check_distinct, check_existing_file, check_file_target, check_folder_target,
+                    check_seeds, usage_errors)
 from ..utils import save_csv, save_result
 from .corpus import load_corpus
-from .extend import CSV_FIELDS, METHODS, ExtendConfig, run_extension, train_missing
-from .schemes import BUILTIN
-from .sweep import EvalConfig, checkpoint_path, evaluate_model, run_sweep
+from .evaluate import BLOCKS
+from .extend import (CSV_FIELDS, METHODS, ExtendConfig, check_extend_config, job_lengths, plan_jobs, run_extension,
+                     train_missing)
+from .schemes import BUILTIN, build_scheme
+from .sweep import EvalConfig, check_eval_config, checkpoint_path, evaluate_model, run_sweep
 from .train import TrainConfig, load_checkpoint, train
 
 
@@ -61,12 +67,157 @@ def _picked(ns: argparse.Namespace, cls: type, skip: tuple[str, ...] = ()) -> di
             if f.name not in skip and getattr(ns, f.name, None) is not None}
 
 
+# ----------------------------------------------------------------------------- argument checks
+# Every subcommand checks all of its arguments before it trains or loads anything; a bad one
+# is the subcommand's usage error (exit 2) naming the flag, not a traceback minutes later.
+
+
+def _train_config(parser: argparse.ArgumentParser, ns: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict:
+    """The TrainConfig options given, checked by TrainConfig itself (scheme and seed: defaults)."""
+    base = _picked(ns, TrainConfig, skip=skip)
+    with usage_errors(parser, configs=(TrainConfig,)):
+        TrainConfig(**base)
+    return base
+
+
+def _check_schemes(names: list[str], cfg: TrainConfig) -> None:
+    """Build each scheme once at the config's shape: an unknown name, a ``module:Class`` that
+    does not import or a constructor the lab cannot call fails here, before any training."""
+    for name in names:
+        build_scheme(name, d_model=cfg.d_model, n_heads=cfg.n_heads, max_len=cfg.max_len, train_len=cfg.seq_len)
+
+
+def _check_names(values: list[str], known: list[str], name: str, allow_all: bool = False) -> list[str]:
+    """Names among ``known`` (or ``["all"]``, which means all of them), none twice."""
+    if allow_all and values == ["all"]:
+        return list(known)
+    for v in values:
+        if v not in known:
+            extra = " or 'all' alone" if allow_all else ""
+            raise ValueError(f"{name} must be names among {known}{extra}, got {v!r}")
+    return check_distinct(values, name)
+
+
+def _check_eval(parser: argparse.ArgumentParser, ns: argparse.Namespace, cfg: TrainConfig | None) -> EvalConfig:
+    ev = EvalConfig(**_picked(ns, EvalConfig))
+    with usage_errors(parser, configs=(EvalConfig, TrainConfig) if cfg is not None else (EvalConfig,)):
+        check_eval_config(ev, cfg)
+    return ev
+
+
+def _check_common(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    """``--workers``/``--threads``, ``--out``/``--json`` and ``--checkpoint-dir``, where the
+    subcommand has them."""
+    with usage_errors(parser):
+        for flag in ("workers", "threads"):
+            if hasattr(ns, flag):
+                check_positive_int(getattr(ns, flag), "--" + flag)
+        for flag in ("out", "json"):
+            check_file_target(getattr(ns, flag, None), "--" + flag)
+        check_folder_target(getattr(ns, "checkpoint_dir", None), "--checkpoint-dir")
+
+
+def _check_sweep(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> tuple[list[TrainConfig], EvalConfig]:
+    base = _train_config(parser, ns, skip=("scheme", "seed"))
+    cfg = TrainConfig(**base)
+    if ns.schemes == ["all"]:
+        schemes = list(BUILTIN)
+    else:
+        with usage_errors(parser, "--schemes"):
+            if "all" in ns.schemes:
+                raise ValueError(f"'all' must stand alone, got {ns.schemes}")
+            schemes = check_distinct(ns.schemes, "schemes")
+            _check_schemes(schemes, cfg)
+    with usage_errors(parser, "--seeds"):
+        seeds = {s: check_seeds(ns.seeds, "seeds") for s in schemes}
+    given: set[str] = set()
+    for item in ns.seeds_per_scheme:
+        name, eq, count = item.partition("=")
+        if not eq or name not in seeds or not re.fullmatch(r"[0-9]+", count) or int(count) < 1:
+            parser.error(f"argument --seeds-per-scheme: takes SCHEME=N with SCHEME among --schemes {schemes} "
+                         f"and N >= 1, got {item!r}")
+        if name in given:
+            parser.error(f"argument --seeds-per-scheme: names {name!r} twice, got {ns.seeds_per_scheme}")
+        given.add(name)
+        seeds[name] = list(range(int(count)))
+    ev = _check_eval(parser, ns, cfg)
+    return [TrainConfig(scheme=s, seed=seed, **base) for s in schemes for seed in seeds[s]], ev
+
+
+def _check_extend(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> dict:
+    base = _train_config(parser, ns, skip=("scheme", "seed"))
+    with usage_errors(parser, "--seeds"):
+        seeds = check_seeds(ns.seeds, "seeds")
+    checks = {"--methods": (ns.methods, True), "--finetune-methods": (ns.finetune_methods, False),
+              "--extra-methods": (ns.extra_methods, False)}
+    for flag, (values, allow_all) in checks.items():
+        if values is not None:
+            with usage_errors(parser, flag):
+                _check_names(values, list(METHODS), flag.lstrip("-"), allow_all)
+    methods = list(METHODS) if ns.methods == ["all"] else ns.methods
+    for flag, values in (("--factors", ns.factors), ("--extra-factors", ns.extra_factors or [])):
+        with usage_errors(parser, flag):
+            for f in values:
+                check_finite_number(f, flag.lstrip("-"), minimum=1)  # the scaling methods' s >= 1
+            check_distinct(values, flag.lstrip("-"))
+    for flag, values in (("--finetune-steps", ns.finetune_steps), ("--extra-steps", ns.extra_steps)):
+        with usage_errors(parser, flag):
+            for n in values:
+                check_positive_int(n, flag.lstrip("-"), 0)
+            check_distinct(values, flag.lstrip("-"))
+    if ns.finetune_seeds is not None:
+        with usage_errors(parser, "--finetune-seeds"):
+            check_seeds(ns.finetune_seeds, "finetune-seeds")
+            if not set(ns.finetune_seeds) <= set(seeds):
+                raise ValueError(f"finetune-seeds must be among --seeds {seeds}, got {ns.finetune_seeds}")
+    tuned = any(n > 0 for n in ns.finetune_steps)
+    for flag, value, needs, ok in (("--finetune-methods", ns.finetune_methods, "a --finetune-steps > 0", tuned),
+                                   ("--finetune-seeds", ns.finetune_seeds, "a --finetune-steps > 0", tuned),
+                                   ("--extra-factors", ns.extra_factors, "--extra-steps", bool(ns.extra_steps)),
+                                   ("--extra-methods", ns.extra_methods, "--extra-steps", bool(ns.extra_steps))):
+        if value is not None and not ok:
+            parser.error(f"argument {flag}: applies only with {needs}, which is not given (it would be ignored)")
+    ev = ExtendConfig(**_picked(ns, ExtendConfig))
+    with usage_errors(parser, configs=(ExtendConfig,)):
+        check_extend_config(ev)
+    extra_factors = [4.0] if ns.extra_factors is None else ns.extra_factors
+    plan = plan_jobs(methods, ns.factors, ns.finetune_steps, finetune_methods=ns.finetune_methods,
+                     extra_steps=ns.extra_steps, extra_factors=extra_factors, extra_methods=ns.extra_methods)
+    cfg = TrainConfig(scheme="rope", **base)
+    for method, factor, steps in plan:
+        try:
+            job_lengths(cfg, ev, method, factor, steps)
+        except ValueError as exc:
+            text = as_flags(str(exc), (ExtendConfig, TrainConfig))
+            if method != "none":  # "none" runs once, at every multiple: the factor is not the cause
+                where = "--factors" if factor in ns.factors else "--extra-factors"
+                text = f"argument {where}: {method} at factor {factor:g}, fine-tuned for {steps} steps: {text}"
+            parser.error(text)
+    return {"base": base, "seeds": seeds, "methods": methods, "extra_factors": extra_factors, "ev": ev}
+
+
+def _check_trainfree(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> tuple[dict, list[int], list | None]:
+    from .trainfree_lab import LAB_TRAINFREE
+    base = _train_config(parser, ns, skip=("scheme", "seed"))
+    with usage_errors(parser, "--seeds"):
+        seeds = check_seeds(ns.seeds, "seeds")
+    with usage_errors(parser, "--methods"):
+        names = _check_names(ns.methods, list(LAB_TRAINFREE), "methods", allow_all=True)
+    with usage_errors(parser, "--multiples"):
+        for m in ns.multiples:
+            check_positive_int(m, "multiples")
+        check_distinct(ns.multiples, "multiples")
+    with usage_errors(parser, "--windows"):
+        if check_positive_int(ns.windows, "windows") % BLOCKS:
+            raise ValueError(f"windows must be a multiple of {BLOCKS} (the bootstrap blocks), got {ns.windows}")
+    return base, seeds, None if ns.methods == ["all"] else names
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = "python -m companion.lab " + " ".join(shlex.quote(a) for a in argv)
     parser = argparse.ArgumentParser(prog="python -m companion.lab", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-
     p_train = sub.add_parser("train", help="train one scheme and seed, then evaluate it")
     _add_dataclass_options(p_train, TrainConfig)
     _add_dataclass_options(p_train, EvalConfig)
@@ -106,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="seeds whose models get the --finetune-steps jobs (default: --seeds)")
     p_ext.add_argument("--extra-steps", type=int, nargs="+", default=[],
                        help="more fine-tune lengths, run only at --extra-factors for --extra-methods")
-    p_ext.add_argument("--extra-factors", type=float, nargs="+", default=[4.0])
+    p_ext.add_argument("--extra-factors", type=float, nargs="+", default=None, help="default [4.0]")
     p_ext.add_argument("--extra-methods", nargs="+", default=None, help="default: --methods")
     p_ext.add_argument("--workers", type=int, default=2)
     p_ext.add_argument("--out", required=True, help="CSV file of the measurements (with provenance)")
@@ -126,16 +277,24 @@ def main(argv: list[str] | None = None) -> int:
     _add_dataclass_options(p_tf, TrainConfig, skip=("scheme", "seed"))
 
     ns = parser.parse_args(argv)
-    if ns.cmd in ("train", "eval"):
-        torch.set_num_threads(ns.threads)
+    p = {"train": p_train, "eval": p_eval, "sweep": p_sweep, "extend": p_ext, "trainfree": p_tf}[ns.cmd]
+    _check_common(p, ns)
     if ns.cmd == "train":
-        cfg = TrainConfig(**_picked(ns, TrainConfig))
+        cfg = TrainConfig(**_train_config(p, ns))
+        with usage_errors(p, "--scheme"):
+            _check_schemes([cfg.scheme], cfg)
+        if ns.no_eval and _picked(ns, EvalConfig):
+            p.error(f"argument --no-eval: the evaluation options {sorted(_picked(ns, EvalConfig))} would be ignored")
+        ev = None if ns.no_eval else _check_eval(p, ns, cfg)
+        with usage_errors(p):
+            check_file_target(ns.checkpoint, "--checkpoint")
+        torch.set_num_threads(ns.threads)
         corpus = load_corpus()
         model, record = train(cfg, corpus, checkpoint=ns.checkpoint)
         rank = dist.get_rank() if dist.is_initialized() else 0
         if rank == 0:
-            if not ns.no_eval:
-                record.update(evaluate_model(model, cfg, EvalConfig(**_picked(ns, EvalConfig)), corpus))
+            if ev is not None:
+                record.update(evaluate_model(model, cfg, ev, corpus))
             if ns.out:
                 save_result(ns.out, record, command=command)
             print(f"{cfg.scheme} seed {cfg.seed}: final training loss "
@@ -143,35 +302,42 @@ def main(argv: list[str] | None = None) -> int:
         if dist.is_initialized():
             dist.destroy_process_group()
     elif ns.cmd == "eval":
-        model, ckpt = load_checkpoint(ns.checkpoint)
+        with usage_errors(p):
+            check_existing_file(ns.checkpoint, "--checkpoint")
+        _check_eval(p, ns, None)
+        try:
+            model, ckpt = load_checkpoint(ns.checkpoint)
+        except Exception as exc:  # not a checkpoint of the lab's trainer: a usage error, not a traceback
+            p.error(f"argument --checkpoint: cannot load {ns.checkpoint!r} as a lab checkpoint "
+                    f"({type(exc).__name__}: {exc})")
         cfg = TrainConfig.from_dict(ckpt["config"])
+        ev = _check_eval(p, ns, cfg)  # the lengths against the checkpoint's seq_len and max_len
+        torch.set_num_threads(ns.threads)
         record = {"config": ckpt["config"], "log": ckpt["log"]}
-        record.update(evaluate_model(model, cfg, EvalConfig(**_picked(ns, EvalConfig))))
+        record.update(evaluate_model(model, cfg, ev))
         if ns.out:
             save_result(ns.out, record, command=command)
         for k, v in record["eval"]["bpb"].items():
             print(f"length {k:>5}: {v['all']:.3f} bits per byte (last 64: {v['tail']:.3f})")
     elif ns.cmd == "trainfree":
+        base, seeds, names = _check_trainfree(p, ns)
         from .trainfree_lab import run_trainfree
-        base = _picked(ns, TrainConfig, skip=("scheme", "seed"))
-        configs = [TrainConfig(scheme="rope", seed=seed, **base) for seed in ns.seeds]
+        configs = [TrainConfig(scheme="rope", seed=seed, **base) for seed in seeds]
         paths = [str(checkpoint_path(ns.checkpoint_dir, c)) for c in configs]
         train_missing(configs, paths, workers=ns.workers)
-        result = run_trainfree(paths, ns.multiples, windows_per_length=ns.windows,
-                               names=None if ns.methods == ["all"] else ns.methods)
+        result = run_trainfree(paths, ns.multiples, windows_per_length=ns.windows, names=names)
         save_result(ns.out, result, command=command)
         print(f"trainfree: {len(paths)} models in {result['wall_seconds']:.0f} s -> {ns.out}")
     elif ns.cmd == "extend":
-        base = _picked(ns, TrainConfig, skip=("scheme", "seed"))
-        configs = [TrainConfig(scheme="rope", seed=seed, **base) for seed in ns.seeds]
-        paths = [str(checkpoint_path(ns.checkpoint_dir, c)) for c in configs]
+        c = _check_extend(p, ns)
+        configs = [TrainConfig(scheme="rope", seed=seed, **c["base"]) for seed in c["seeds"]]
+        paths = [str(checkpoint_path(ns.checkpoint_dir, cfg)) for cfg in configs]
         train_missing(configs, paths, workers=ns.workers)
-        methods = list(METHODS) if ns.methods == ["all"] else ns.methods
-        result = run_extension(paths, methods, ns.factors, ns.finetune_steps,
-                               ExtendConfig(**_picked(ns, ExtendConfig)), finetune_methods=ns.finetune_methods,
+        result = run_extension(paths, c["methods"], ns.factors, ns.finetune_steps, c["ev"],
+                               finetune_methods=ns.finetune_methods,
                                finetune_checkpoints=None if ns.finetune_seeds is None else
-                               [p for c, p in zip(configs, paths) if c.seed in ns.finetune_seeds],
-                               extra_steps=ns.extra_steps, extra_factors=ns.extra_factors,
+                               [path for cfg, path in zip(configs, paths) if cfg.seed in ns.finetune_seeds],
+                               extra_steps=ns.extra_steps, extra_factors=c["extra_factors"],
                                extra_methods=ns.extra_methods, workers=ns.workers,
                                cache_dir=str(Path(ns.checkpoint_dir) / "extend"))
         save_csv(ns.out, result["rows"], CSV_FIELDS, command=command)
@@ -179,17 +345,8 @@ def main(argv: list[str] | None = None) -> int:
             save_result(ns.json, {k: v for k, v in result.items() if k != "rows"}, command=command)
         print(f"extend: {len(result['rows'])} rows in {result['wall_seconds']:.0f} s -> {ns.out}")
     else:
-        schemes = list(BUILTIN) if ns.schemes == ["all"] else ns.schemes
-        base = _picked(ns, TrainConfig, skip=("scheme", "seed"))
-        seeds = {s: list(ns.seeds) for s in schemes}
-        for item in ns.seeds_per_scheme:
-            name, _, count = item.partition("=")
-            if name not in seeds or not count.isdigit() or int(count) < 1:
-                parser.error(f"--seeds-per-scheme takes SCHEME=N with SCHEME among --schemes {schemes} and N >= 1, "
-                             f"got {item!r}")
-            seeds[name] = list(range(int(count)))
-        configs = [TrainConfig(scheme=s, seed=seed, **base) for s in schemes for seed in seeds[s]]
-        result = run_sweep(configs, EvalConfig(**_picked(ns, EvalConfig)), out=ns.out, workers=ns.workers,
+        configs, ev = _check_sweep(p, ns)
+        result = run_sweep(configs, ev, out=ns.out, workers=ns.workers,
                            checkpoint_dir=ns.checkpoint_dir, command=command)
         print(f"sweep: {len(configs)} runs in {result['wall_seconds']:.0f} s")
     return 0

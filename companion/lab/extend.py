@@ -37,14 +37,14 @@ from ..rope import RotaryEmbedding, rope_frequencies
 from ..scaling import compute_inv_freq
 from .corpus import Corpus, load_corpus
 from .data import sample_batch, windows
-from .._checks import check_positive_int
+from .._checks import check_finite_number, check_positive_int
 from .evaluate import (BLOCKS, SLIDING_TOKENS, WINDOWS, attention_entropy, bits_per_byte, evenly_spaced_starts,
                        passkey_retrieval, sliding_bits_per_byte)
-from .sweep import _rounded
+from .sweep import _int_list, _rounded, check_protocol
 from .train import TrainConfig, _optimizer, load_checkpoint, train
 
 __all__ = ["METHODS", "METHOD_LABELS", "method_config", "apply_method", "finetune", "finetune_fraction",
-           "longrope_search", "ExtendConfig", "extension_job", "plan_jobs", "run_extension", "train_missing",
+           "longrope_search", "ExtendConfig", "check_extend_config", "job_lengths", "extension_job", "plan_jobs", "run_extension", "train_missing",
            "CSV_FIELDS"]
 
 BASE = 10000.0  # the lab's RoPE base (RotaryEmbedding's default)
@@ -252,6 +252,52 @@ class ExtendConfig:
         return sorted(out)
 
 
+#: The most LongRoPE search seeds per checkpoint and factor: search ``j`` of checkpoint ``i`` has
+#: seed ``100 i + j``, and seed ``100 i`` marks the search whose factors the jobs use.
+MAX_SEARCH_SEEDS = 100
+
+
+def check_extend_config(ev: ExtendConfig) -> ExtendConfig:
+    """Check ``ev`` without a model or data, so that a command line can refuse it before any
+    training: the evaluation protocol (:func:`~companion.lab.sweep.check_protocol`),
+    ``beyond`` a finite number >= 0, ``beyond_steps`` ints >= 0, ``finetune_lr`` a finite
+    number > 0, ``search_tokens`` an int >= 1 and ``search_seeds`` an int in ``[1, 100]``.
+    Returns ``ev``.
+
+    Raises:
+        TypeError, ValueError: naming the field, what it got and what is allowed.
+    """
+    if not isinstance(ev, ExtendConfig):
+        raise TypeError(f"ev must be an ExtendConfig, got {type(ev).__name__}")
+    check_protocol(ev)
+    check_finite_number(ev.beyond, "beyond", minimum=0)
+    if ev.beyond_steps:
+        _int_list(ev.beyond_steps, "beyond_steps", 0)
+    check_finite_number(ev.finetune_lr, "finetune_lr")
+    check_positive_int(ev.search_tokens, "search_tokens")
+    if check_positive_int(ev.search_seeds, "search_seeds") > MAX_SEARCH_SEEDS:
+        raise ValueError(f"search_seeds must be <= {MAX_SEARCH_SEEDS}, got {ev.search_seeds}")
+    return ev
+
+
+def job_lengths(cfg: TrainConfig, ev: ExtendConfig, method: str, factor: float, finetune_steps: int) -> list[int]:
+    """The lengths a job evaluates at (:meth:`ExtendConfig.job_multiples` times
+    ``cfg.seq_len``), checked to fit the model (``cfg.max_len``) and the evaluation's longest
+    length ``max(ev.multiples) * cfg.seq_len``.
+
+    Raises:
+        ValueError: a length past either.
+    """
+    lengths = [int(round(m * cfg.seq_len)) for m in ev.job_multiples(method, factor, finetune_steps)]
+    reach = max(ev.multiples) * cfg.seq_len
+    if max(lengths) > min(reach, cfg.max_len):
+        raise ValueError(
+            f"the job reaches length {max(lengths)}, past the model's max_len = {cfg.max_len} or the "
+            f"evaluation's longest length max(multiples) * L = {reach}; lower the factor or raise multiples"
+        )
+    return lengths
+
+
 def _evaluate(model: TinyDecoder, cfg: TrainConfig, ev: ExtendConfig, corpus: Corpus, lengths: list[int],
               reset: Callable[[], None]) -> tuple[list[tuple[str, int, str, float]], dict[str, Any]]:
     """``(metric, length, where, value)`` rows of means, and the per-unit values behind them
@@ -309,13 +355,7 @@ def extension_job(checkpoint: str, method: str, factor: float, finetune_steps: i
     corpus = load_corpus()
     d = _rope_scheme(model).rotary_dim
     rope_cfg = method_config(method, factor, cfg.seq_len, d, long_factor=long_factor)
-    lengths = [int(round(m * cfg.seq_len)) for m in ev.job_multiples(method, factor, finetune_steps)]
-    reach = max(ev.multiples) * cfg.seq_len
-    if max(lengths) > min(reach, cfg.max_len):  # before any fine-tuning
-        raise ValueError(
-            f"the job reaches length {max(lengths)}, past the model's max_len = {cfg.max_len} or the "
-            f"evaluation's longest length max(multiples) * L = {reach}; lower the factor or raise multiples"
-        )
+    lengths = job_lengths(cfg, ev, method, factor, finetune_steps)  # before any fine-tuning
     apply_method(model, rope_cfg, cfg.seq_len)
     log: list[dict[str, float]] = []
     if finetune_steps:
@@ -479,10 +519,10 @@ def run_extension(checkpoints: Sequence[str], methods: Sequence[str], factors: S
     search_records = []
     longrope_factors = sorted({f for m, f, _ in plan if m == "longrope"})  # as-is jobs: every checkpoint
     if longrope_factors:
-        found = run([("search", cache_dir, c, float(f), 100 * i + j, ev.search_tokens)
+        found = run([("search", cache_dir, c, float(f), MAX_SEARCH_SEEDS * i + j, ev.search_tokens)
                      for i, c in enumerate(checkpoints) for f in longrope_factors for j in range(ev.search_seeds)])
         for r in found:
-            if r["search_seed"] % 100 == 0:
+            if r["search_seed"] % MAX_SEARCH_SEEDS == 0:
                 searches[(r["checkpoint"], r["factor"])] = r["long_factor"]
             search_records.append({k: v for k, v in r.items() if k != "kind"})
     jobs = [("job", cache_dir, c, m, f, steps, asdict(ev), searches.get((c, f)) if m == "longrope" else None)

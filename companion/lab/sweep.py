@@ -22,11 +22,14 @@ import torch
 
 from ..utils import provenance, save_result
 from .corpus import Corpus, load_corpus
-from .evaluate import (BLOCKS, SLIDING_TOKENS, WINDOWS, attention_entropy, bits_per_byte, passkey_retrieval,
-                       sliding_bits_per_byte)
+from .._checks import check_finite_number, check_positive_int
+from .data import KEY_LEN, QUERY_LEN
+from .evaluate import (BLOCKS, SLIDING_TOKENS, WINDOWS, _check_blocks, attention_entropy, bits_per_byte,
+                       passkey_retrieval, sliding_bits_per_byte)
 from .train import TrainConfig, train
 
-__all__ = ["EvalConfig", "evaluate_model", "checkpoint_path", "run_job", "run_sweep"]
+__all__ = ["EvalConfig", "check_eval_config", "check_protocol", "evaluate_model", "checkpoint_path", "run_job",
+           "run_sweep"]
 
 
 @dataclass
@@ -44,6 +47,72 @@ class EvalConfig:
     passkey_depths: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0])
     passkey_trials: int = 32
     entropy_windows: int = 8
+
+
+def _int_list(values: object, name: str, minimum: int = 1) -> list[int]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)) or not values:
+        raise TypeError(f"{name} must be a non-empty list of ints, got {values!r}")
+    return [check_positive_int(v, name, minimum) for v in values]
+
+
+def check_protocol(ev: Any) -> None:
+    """Check the fields an :class:`EvalConfig` and an
+    :class:`~companion.lab.extend.ExtendConfig` share, without a model or data, as the
+    evaluations would (so that a command line can refuse them before training).
+
+    ``multiples``: a non-empty list of ints >= 1; ``windows``, ``blocks``, ``sliding_tokens``,
+    ``passkey_trials``, ``entropy_windows``: ints >= 1, with ``blocks`` dividing ``windows``
+    and at most ``sliding_tokens`` (one byte per stretch); ``passkey_depths``: a non-empty
+    list of numbers in ``[0, 1]``.
+
+    Raises:
+        TypeError, ValueError: naming the field, what it got and what is allowed.
+    """
+    _int_list(ev.multiples, "multiples")
+    for name in ("windows", "blocks", "sliding_tokens", "passkey_trials", "entropy_windows"):
+        check_positive_int(getattr(ev, name), name)
+    _check_blocks(ev.blocks, ev.windows, "windows")
+    if ev.sliding_tokens < ev.blocks:
+        raise ValueError(f"sliding_tokens ({ev.sliding_tokens}) must be at least blocks ({ev.blocks}): "
+                         f"each of the blocks scores sliding_tokens // blocks bytes")
+    depths = ev.passkey_depths
+    if isinstance(depths, (str, bytes)) or not isinstance(depths, (list, tuple)) or not depths:
+        raise TypeError(f"passkey_depths must be a non-empty list of numbers in [0, 1], got {depths!r}")
+    for depth in depths:
+        if check_finite_number(depth, "passkey_depths", minimum=0) > 1:
+            raise ValueError(f"passkey_depths must lie in [0, 1] (0: the key at the start, 1: just before "
+                             f"the query), got {depth!r}")
+
+
+def _check_reach(cfg: TrainConfig, ev: EvalConfig) -> None:
+    longest = max(m * cfg.seq_len for m in [*ev.multiples, *ev.passkey_multiples])
+    if longest > cfg.max_len:
+        raise ValueError(
+            f"the evaluation reaches length {longest}, past the config's max_len = {cfg.max_len} "
+            f"(the longest sequence the model was built for); raise max_len or lower the multiples"
+        )
+
+
+def check_eval_config(ev: EvalConfig, cfg: TrainConfig | None = None) -> EvalConfig:
+    """Check ``ev`` without a model or data (:func:`check_protocol`, and ``passkey_multiples``
+    a non-empty list of ints >= 1); with the training config ``cfg``, also that every length
+    fits its ``max_len`` (as :func:`evaluate_model` requires) and that each passkey length
+    holds a key and a query. Returns ``ev``.
+
+    Raises:
+        TypeError, ValueError: naming the field, what it got and what is allowed.
+    """
+    if not isinstance(ev, EvalConfig):
+        raise TypeError(f"ev must be an EvalConfig, got {type(ev).__name__}")
+    check_protocol(ev)
+    _int_list(ev.passkey_multiples, "passkey_multiples")
+    if cfg is not None:
+        _check_reach(cfg, ev)
+        shortest = min(ev.passkey_multiples) * cfg.seq_len
+        if shortest < KEY_LEN + QUERY_LEN:
+            raise ValueError(f"passkey_multiples: the passkey length {shortest} (min(passkey_multiples) * seq_len) "
+                             f"must be at least {KEY_LEN + QUERY_LEN}, a key and a query")
+    return ev
 
 
 def _rounded(values: list[float]) -> list[float]:
@@ -64,12 +133,7 @@ def evaluate_model(model: torch.nn.Module, cfg: TrainConfig, ev: EvalConfig,
     t0 = time.perf_counter()
     lengths = [m * cfg.seq_len for m in ev.multiples]
     pk_lengths = [m * cfg.seq_len for m in ev.passkey_multiples]
-    longest = max(lengths + pk_lengths)
-    if longest > cfg.max_len:
-        raise ValueError(
-            f"the evaluation reaches length {longest}, past the config's max_len = {cfg.max_len} "
-            f"(the longest sequence the model was built for); raise max_len or lower the multiples"
-        )
+    _check_reach(cfg, ev)
     val = corpus.val
     bpb = bits_per_byte(model, val, lengths, windows_per_length=ev.windows, blocks=ev.blocks)
     sliding = sliding_bits_per_byte(model, val, lengths, scored_tokens=ev.sliding_tokens, blocks=ev.blocks)
