@@ -47,7 +47,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_base, check_bool, check_file, check_finite_number, check_positive_int
+from ._checks import (
+    check_base,
+    check_bool,
+    check_file,
+    check_finite_number,
+    check_float_tensor,
+    check_positive_int,
+)
 from .rope import RotaryEmbedding, check_layout, convert_qk_weight
 from .trainfree import ReRoPE, SelfExtend, SinkCache
 
@@ -84,7 +91,14 @@ _TOP_NAMES = {"token_embd": "tok_embeddings", "output_norm": "norm", "output": "
 
 @dataclass(frozen=True)
 class LlamaConfig:
-    """The hyper-parameters of a Llama model, as stored in GGUF metadata (``llama.*`` keys)."""
+    """The hyper-parameters of a Llama model, as stored in GGUF metadata (``llama.*`` keys).
+
+    Raises:
+        TypeError: a field of the wrong type (a string or a bool where an int belongs).
+        ValueError: a size below 1, ``n_heads`` not a multiple of ``n_kv_heads``, an odd
+            ``head_dim``, ``rope_base <= 1``, ``norm_eps <= 0``, or a ``bos_id`` / ``eos_id``
+            outside ``[0, vocab_size)`` (a special token must be a token of the vocabulary).
+    """
 
     vocab_size: int
     dim: int
@@ -116,6 +130,11 @@ class LlamaConfig:
             value = getattr(self, field)
             if value is not None:
                 check_positive_int(value, field, minimum=0)
+                if value >= self.vocab_size:
+                    raise ValueError(
+                        f"{field} must lie in [0, {self.vocab_size}) (a token id of the vocabulary of "
+                        f"vocab_size {self.vocab_size}), got {value}"
+                    )
         check_bool(self.tie_embeddings, "tie_embeddings")
         if not isinstance(self.name, str):
             raise TypeError(f"name must be a str, got {type(self.name).__name__} {self.name!r}")
@@ -124,7 +143,18 @@ class LlamaConfig:
 
     @classmethod
     def from_gguf_fields(cls, fields: Mapping[str, Any], tie_embeddings: bool = True) -> LlamaConfig:
-        """Build from a ``{key: value}`` dict of GGUF metadata (see :func:`read_gguf`)."""
+        """Build from a ``{key: value}`` dict of GGUF metadata (see :func:`read_gguf`).
+
+        Raises:
+            TypeError: ``fields`` is not a mapping.
+            ValueError: an architecture other than ``"llama"``, or a missing or bad key (the
+                message names the key).
+        """
+        if not isinstance(fields, Mapping):
+            raise TypeError(
+                f"fields must be a mapping of GGUF metadata keys to values (as read_gguf returns), "
+                f"got {type(fields).__name__}"
+            )
         arch = fields.get("general.architecture")
         if arch != "llama":
             raise ValueError(f"only the 'llama' GGUF architecture is supported, got {arch!r}")
@@ -177,10 +207,17 @@ class RMSNorm(nn.Module):
     """``x / sqrt(mean(x^2) + eps) * weight`` over the last dimension (Llama's norm).
 
     Computed in float32 at least (float64 inputs stay float64), then cast back.
+
+    Raises:
+        TypeError: ``dim`` not an int, or ``eps`` not a real number (a string, a bool).
+        ValueError: ``dim < 1``, or ``eps`` not a finite number ``> 0`` (``eps = 0`` divides
+            an all-zero row by zero).
     """
 
     def __init__(self, dim: int, eps: float, device: torch.device | str | None = None) -> None:
         super().__init__()
+        check_positive_int(dim, "dim")
+        check_finite_number(eps, "eps")
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim, device=device))
 
@@ -217,7 +254,20 @@ class KVCache:
         """Append ``k``, ``v`` for ``layer`` and return all keys and values of that layer.
 
         ``layer`` is an int in ``[0, n_layers)``: a negative index (which a list would read
-        from the end) or one past the end raises ``IndexError`` naming the range."""
+        from the end) or one past the end raises ``IndexError`` naming the range.
+
+        ``k`` is a floating tensor ``(batch, kv_heads, seq, head_dim)`` and ``v`` one
+        ``(batch, kv_heads, seq, v_dim)`` of the same dtype and device; after the first
+        chunk of a layer, later chunks must keep its batch size, head count, head
+        dimensions, dtype and device.
+
+        Raises:
+            TypeError: ``layer`` not an int; ``k`` or ``v`` not a floating tensor, or of
+                another dtype than ``k`` (or than the cache).
+            IndexError: ``layer`` outside ``[0, n_layers)``.
+            ValueError: ``k`` or ``v`` not 4-D, ``v`` of another batch size, head count or
+                length than ``k``, or a chunk that does not match the layer's cached keys.
+        """
         if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
             raise TypeError(f"layer must be an int in [0, {self.n_layers}), got {type(layer).__name__} {layer!r}")
         if not 0 <= layer < self.n_layers:
@@ -226,8 +276,9 @@ class KVCache:
                 f"0..{self.n_layers - 1}), got {layer}"
             )
         layer = int(layer)
-        n, t = self._filled[layer], k.shape[2]
         buf_k, buf_v = self._keys[layer], self._values[layer]
+        self._check_chunk(layer, k, v, buf_k, buf_v)
+        n, t = self._filled[layer], k.shape[2]
         if buf_k is None or n + t > buf_k.shape[2]:
             capacity = max(n + t, 256, 0 if buf_k is None else 2 * buf_k.shape[2])
             shape = (k.shape[0], k.shape[1], capacity, k.shape[3])
@@ -241,6 +292,52 @@ class KVCache:
         self._filled[layer] = n + t
         return buf_k[:, :, :n + t], buf_v[:, :, :n + t]
 
+    @staticmethod
+    def _check_chunk(layer: int, k: object, v: object, buf_k: Tensor | None, buf_v: Tensor | None) -> None:
+        """``k``, ``v`` of one chunk, against each other and against the layer's buffers."""
+        check_float_tensor(k, "k", 4)
+        check_float_tensor(v, "v", 4)
+        assert isinstance(k, Tensor) and isinstance(v, Tensor)
+        if v.shape[:3] != k.shape[:3]:
+            raise ValueError(
+                f"v shape {tuple(v.shape)} must match k shape {tuple(k.shape)} in (batch, kv_heads, seq)"
+            )
+        if v.dtype != k.dtype or v.device != k.device:
+            raise TypeError(f"v must have k's dtype and device ({k.dtype}, {k.device}), got {v.dtype}, {v.device}")
+        if buf_k is None or buf_v is None:
+            return
+        for name, x, buf in (("k", k, buf_k), ("v", v, buf_v)):
+            for axis, what in ((0, "batch size"), (1, "kv_heads"), (3, "head_dim")):
+                if x.shape[axis] != buf.shape[axis]:
+                    raise ValueError(
+                        f"{name} {what} {x.shape[axis]} must equal the {what} {buf.shape[axis]} of the "
+                        f"chunks already cached for layer {layer}, got {name} shape {tuple(x.shape)}"
+                    )
+            if x.dtype != buf.dtype or x.device != buf.device:
+                raise TypeError(
+                    f"{name} must have the dtype and device of the chunks already cached for layer {layer} "
+                    f"({buf.dtype}, {buf.device}), got {x.dtype}, {x.device}"
+                )
+
+
+def _check_config(cfg: object, name: str) -> LlamaConfig:
+    if not isinstance(cfg, LlamaConfig):
+        raise TypeError(f"{name} must be a LlamaConfig, got {type(cfg).__name__}")
+    return cfg
+
+
+def _check_layer(cfg: object, layer: object) -> int:
+    """``layer`` of a model of ``cfg.n_layers`` blocks: an int in ``[0, n_layers)``."""
+    _check_config(cfg, "cfg")
+    assert isinstance(cfg, LlamaConfig)
+    if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
+        raise TypeError(f"layer must be an int in [0, {cfg.n_layers}), got {type(layer).__name__} {layer!r}")
+    if not 0 <= layer < cfg.n_layers:
+        raise IndexError(
+            f"layer must lie in [0, {cfg.n_layers}) (the config has {cfg.n_layers} layers), got {layer}"
+        )
+    return int(layer)
+
 
 class Attention(nn.Module):
     """Grouped-query attention (``n_kv_heads`` key/value heads shared by ``n_heads`` query heads)
@@ -249,11 +346,14 @@ class Attention(nn.Module):
     ``mode`` (``None``, or a :class:`~companion.trainfree.ReRoPE` /
     :class:`~companion.trainfree.SelfExtend` installed by
     :meth:`LlamaModel.set_attention_mode`) replaces the prefill attention; a
-    :class:`~companion.trainfree.SinkCache` as ``cache`` runs StreamingLLM attention."""
+    :class:`~companion.trainfree.SinkCache` as ``cache`` runs StreamingLLM attention.
+
+    ``cfg`` must be a :class:`LlamaConfig` (``TypeError``) and ``layer`` an int in
+    ``[0, cfg.n_layers)`` (``IndexError`` outside it)."""
 
     def __init__(self, cfg: LlamaConfig, layer: int, device: torch.device | str | None = None) -> None:
         super().__init__()
-        self.layer = layer
+        self.layer = _check_layer(cfg, layer)
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False, device=device)
         self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False, device=device)
@@ -291,10 +391,12 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """SwiGLU: ``w2(silu(w1 x) * w3 x)``."""
+    """SwiGLU: ``w2(silu(w1 x) * w3 x)``. ``cfg`` must be a :class:`LlamaConfig` (``TypeError``
+    otherwise)."""
 
     def __init__(self, cfg: LlamaConfig, device: torch.device | str | None = None) -> None:
         super().__init__()
+        _check_config(cfg, "cfg")
         self.w1 = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False, device=device)
         self.w2 = nn.Linear(cfg.hidden_dim, cfg.dim, bias=False, device=device)
         self.w3 = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False, device=device)
@@ -305,10 +407,16 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-norm Llama block: attention and SwiGLU, each inside a residual."""
+    """One pre-norm Llama block: attention and SwiGLU, each inside a residual.
+
+    Raises:
+        TypeError: ``cfg`` not a :class:`LlamaConfig`, or ``layer`` not an int.
+        IndexError: ``layer`` outside ``[0, cfg.n_layers)``.
+    """
 
     def __init__(self, cfg: LlamaConfig, layer: int, device: torch.device | str | None = None) -> None:
         super().__init__()
+        _check_layer(cfg, layer)
         self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps, device)
         self.attention = Attention(cfg, layer, device)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps, device)
@@ -541,6 +649,22 @@ def _field_value(field: Any) -> Any:
     return field.contents()
 
 
+def _string_list(fields: Mapping[str, Any], key: str, what: str) -> list[str]:
+    """The list of strings stored under GGUF metadata ``key`` (``ValueError`` naming it otherwise)."""
+    if key not in fields:
+        raise ValueError(f"GGUF metadata lacks {key!r} ({what}); a byte-level BPE tokenizer needs it")
+    value = fields[key]
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"GGUF metadata {key!r} must be a list of strings ({what}), got {type(value).__name__}")
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise ValueError(
+                f"GGUF metadata {key!r} must be a list of strings ({what}), got {type(item).__name__} "
+                f"{item!r} at index {i}"
+            )
+    return list(value)
+
+
 def gguf_tokenizer(fields: Mapping[str, Any]):  # noqa: ANN201 - tokenizers.Tokenizer
     """A ``tokenizers.Tokenizer`` from GGUF tokenizer metadata (``tokenizer.ggml.*``).
 
@@ -550,17 +674,34 @@ def gguf_tokenizer(fields: Mapping[str, Any]):  # noqa: ANN201 - tokenizers.Toke
     pre-tokenizer for ``pre == "smollm"`` is GPT-2's byte-level regex with every digit split
     off on its own (as SmolLM2's own ``tokenizer.json`` does); ``"gpt2"`` and ``"default"``
     are plain GPT-2. No BOS is added (``add_bos_token`` is false for SmolLM2).
+
+    Raises:
+        TypeError: ``fields`` is not a mapping.
+        ValueError: an unsupported tokenizer model or pre-tokenizer, a missing or malformed
+            ``tokenizer.ggml.tokens`` or ``tokenizer.ggml.merges`` (the message names the
+            key), or duplicate tokens.
     """
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
+    if not isinstance(fields, Mapping):
+        raise TypeError(
+            f"fields must be a mapping of GGUF metadata keys to values (as gguf_metadata returns), "
+            f"got {type(fields).__name__}"
+        )
     model = fields.get("tokenizer.ggml.model")
     if model != "gpt2":
         raise ValueError(f"only the byte-level BPE tokenizer model 'gpt2' is supported, got {model!r}")
     pre = fields.get("tokenizer.ggml.pre", "default")
     if pre not in ("smollm", "gpt2", "default"):
         raise ValueError(f"unsupported GGUF pre-tokenizer {pre!r}; supported: 'smollm', 'gpt2', 'default'")
-    tokens = list(fields["tokenizer.ggml.tokens"])
-    merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"]]
+    tokens = _string_list(fields, "tokenizer.ggml.tokens", "the vocabulary, one string per token id")
+    merge_lines = _string_list(fields, "tokenizer.ggml.merges", "the BPE merges, 'left right' strings")
+    for i, m in enumerate(merge_lines):
+        if " " not in m:
+            raise ValueError(
+                f"GGUF metadata 'tokenizer.ggml.merges' must hold 'left right' strings, got {m!r} at index {i}"
+            )
+    merges = [tuple(m.split(" ", 1)) for m in merge_lines]
     types = list(fields.get("tokenizer.ggml.token_type", [1] * len(tokens)))
     vocab = {tok: i for i, tok in enumerate(tokens)}
     if len(vocab) != len(tokens):
@@ -607,19 +748,42 @@ def render_chat(
     ``transformers`` does. With ``add_generation_prompt`` the text ends with the header of the
     assistant's turn, ready for generation. Encode the result with the GGUF tokenizer, whose
     special tokens (``<|im_start|>``) are never split.
+
+    Raises:
+        TypeError: ``template`` not a string, ``messages`` not a list or tuple, or
+            ``add_generation_prompt`` not a bool.
+        ValueError: an empty ``template``, a template that is not valid Jinja2 (the message
+            gives Jinja's reason and line), an empty ``messages``, or a message without
+            string ``role`` and ``content``.
     """
-    if not isinstance(template, str) or not template:
+    if not isinstance(template, str):
+        raise TypeError(
+            f"template must be a non-empty string (the GGUF tokenizer.chat_template), got "
+            f"{type(template).__name__}"
+        )
+    if not template:
         raise ValueError("template must be a non-empty string (the GGUF tokenizer.chat_template)")
-    if not isinstance(messages, (list, tuple)) or not messages:
+    if not isinstance(messages, (list, tuple)):
+        raise TypeError(
+            f"messages must be a non-empty list of {{'role', 'content'}} dicts, got {type(messages).__name__}"
+        )
+    if not messages:
         raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise ValueError(f"messages[{i}] must be a mapping with string 'role' and 'content', got {m!r}")
     check_bool(add_generation_prompt, "add_generation_prompt")
+    from jinja2 import TemplateSyntaxError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(template).render(
+    try:
+        compiled = env.from_string(template)
+    except TemplateSyntaxError as exc:
+        raise ValueError(
+            f"template is not a valid Jinja2 chat template: {exc.message} (line {exc.lineno})"
+        ) from exc
+    return compiled.render(
         messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt
     )
 
@@ -656,6 +820,36 @@ def read_gguf(path: str | os.PathLike[str]) -> tuple[LlamaConfig, dict[str, Tens
     return config, weights, fields
 
 
+def _names(keys: list[str], limit: int = 6) -> str:
+    shown = ", ".join(repr(k) for k in keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def _check_weights(weights: Mapping[Any, Any], expected: Mapping[str, Tensor]) -> None:
+    """``weights`` against the model's state dict: the same names, floating tensors, the same shapes."""
+    missing = [k for k in expected if k not in weights]
+    if missing:
+        raise ValueError(
+            f"weights lack {len(missing)} tensor(s) the model needs: {_names(missing)} "
+            f"(the names are this module's, as read_gguf returns them)"
+        )
+    unexpected = [str(k) for k in weights if k not in expected]
+    if unexpected:
+        raise ValueError(
+            f"weights hold {len(unexpected)} tensor(s) the model does not have: {_names(unexpected)} "
+            f"(a config of fewer layers, or a tied embedding with an output matrix?)"
+        )
+    for name, want in expected.items():
+        w = weights[name]
+        if not isinstance(w, Tensor) or not w.is_floating_point():
+            got = f"dtype {w.dtype}" if isinstance(w, Tensor) else type(w).__name__
+            raise TypeError(f"weights[{name!r}] must be a floating-point tensor, got {got}")
+        if w.shape != want.shape:
+            raise ValueError(
+                f"weights[{name!r}] has shape {tuple(w.shape)}, but the config needs {tuple(want.shape)}"
+            )
+
+
 def build_model(
     config: LlamaConfig,
     weights: Mapping[str, Tensor],
@@ -672,11 +866,25 @@ def build_model(
     rotates halves. ``convert_qk`` overrides that choice: ``False`` with ``"half"`` is the
     wrong model of the layout pitfall (GGUF rows, half rotation). Other tensors are shared
     with ``weights``, not copied; the model is in eval mode without gradients.
+
+    Raises:
+        TypeError: ``config`` not a :class:`LlamaConfig`, ``weights`` not a mapping of names
+            to floating-point tensors, or ``convert_qk`` not a bool or ``None``.
+        ValueError: a bad ``layout``, or ``weights`` that lack a tensor the model needs, hold
+            one it does not have, or hold one of another shape (the message names them).
     """
+    _check_config(config, "config")
     layout = check_layout(layout)
     if convert_qk is None:
         convert_qk = layout == "half"
     check_bool(convert_qk, "convert_qk")
+    if not isinstance(weights, Mapping):
+        raise TypeError(
+            f"weights must be a mapping of parameter names to tensors (as read_gguf returns), "
+            f"got {type(weights).__name__}"
+        )
+    model = LlamaModel(config, layout=layout, rope_config=rope_config, device="meta")
+    _check_weights(weights, model.state_dict())
     state = dict(weights)
     if convert_qk:
         src, dst = ("interleaved", "half") if layout == "half" else ("half", "interleaved")
@@ -684,7 +892,6 @@ def build_model(
             for key, heads in (("wq", config.n_heads), ("wk", config.n_kv_heads)):
                 name = f"layers.{i}.attention.{key}.weight"
                 state[name] = convert_qk_weight(state[name], heads, src, dst)
-    model = LlamaModel(config, layout=layout, rope_config=rope_config, device="meta")
     model.load_state_dict(state, strict=True, assign=True)
     model.requires_grad_(False)
     return model.eval()

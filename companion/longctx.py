@@ -66,7 +66,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._checks import check_bool, check_finite_number, check_positive_int
+from ._checks import check_base, check_bool, check_finite_number, check_int_tensor, check_positive_int
 from .trainfree import TRAINFREE_METHODS, ReRoPE, SelfExtend, max_relative_position, stream_nll
 
 __all__ = [
@@ -115,6 +115,11 @@ def method_config(method: str, factor: float, original: int, base: float) -> dic
     (HF's defaults ``beta_fast = 32``, ``beta_slow = 1``, attention factor
     ``0.1 ln s + 1``) and ``llama3`` (``low_freq_factor = 1``, ``high_freq_factor = 4``, as
     in Llama 3.1).
+
+    Raises:
+        ValueError: an unknown ``method``, ``factor < 1``, ``original < 1``, or ``base`` not a
+            finite number ``> 1`` (the base of RoPE's frequency ladder).
+        TypeError: ``factor``, ``original`` or ``base`` of the wrong type (a string, a bool).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {list(METHODS)}, got {method!r}")
@@ -122,7 +127,7 @@ def method_config(method: str, factor: float, original: int, base: float) -> dic
     if factor < 1.0:
         raise ValueError(f"factor must be >= 1, got {factor}")
     original = check_positive_int(original, "original")
-    base = check_finite_number(base, "base")
+    base = check_base(base, "base")
     if method == "none":
         return None
     from .lab.extend import method_config as lab_method_config  # chapter 9's configs, one definition
@@ -296,11 +301,17 @@ def evaluate_window(
     :func:`trainfree_nll` and the parameters :func:`trainfree_config` ``(method, trainfree)``,
     which its rows store in the ``rope_config`` column. Returns rows with the keys of
     ``PPL_FIELDS``; ``seconds`` is the pass's wall time. ``progress`` (a callable taking a
-    string) reports each pass.
+    string, or ``None``) reports each pass; anything else raises ``TypeError`` before the
+    first pass.
     """
     if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.shape[0] != 1:
         raise ValueError(f"ids must be a (1, L) tensor, got {getattr(ids, 'shape', type(ids).__name__)}")
     bucket = check_positive_int(bucket, "bucket")
+    if progress is not None and not callable(progress):
+        raise TypeError(
+            f"progress must be a callable taking a string (such as print) or None, got "
+            f"{type(progress).__name__} {progress!r}"
+        )
     methods = list(methods)
     for m in methods:
         if m not in METHODS and m not in TRAINFREE_METHODS:
@@ -337,13 +348,52 @@ def evaluate_window(
     return rows
 
 
+#: The keys :func:`summarize` reads from a row, and how it reads each.
+_SUMMARY_KEYS: dict[str, Any] = {
+    "window": int, "method": str, "tokens": int, "bucket_start": int, "nll_sum": float, "count": int,
+    "seconds": float,
+}
+
+
+def _check_rows(rows: object) -> list[Mapping[str, Any]]:
+    """Bucket rows for :func:`summarize`: mappings holding every key of ``_SUMMARY_KEYS``, each
+    value readable as that key's type (``ValueError`` naming the row and the key otherwise)."""
+    if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence):
+        raise TypeError(f"rows must be a sequence of bucket rows (mappings), got {type(rows).__name__}")
+    for i, r in enumerate(rows):
+        if not isinstance(r, Mapping):
+            raise TypeError(f"rows[{i}] must be a mapping (a bucket row), got {type(r).__name__}")
+        missing = [key for key in _SUMMARY_KEYS if key not in r]
+        if missing:
+            raise ValueError(
+                f"rows[{i}] lacks the key(s) {missing}; bucket rows (as evaluate_window returns or "
+                f"the CSV stores them) have the keys {list(PPL_FIELDS)}"
+            )
+        for key, kind in _SUMMARY_KEYS.items():
+            if kind is str:
+                continue
+            try:
+                kind(r[key])
+            except (TypeError, ValueError):
+                raise ValueError(f"rows[{i}][{key!r}] must be a number, got {r[key]!r}") from None
+    return list(rows)
+
+
 def summarize(rows: Sequence[Mapping[str, Any]], last: int = 1024) -> dict[tuple[int, str], dict[str, float]]:
     """Perplexities per ``(window, method)`` from bucket rows (as stored or as computed).
 
     Returns ``{"first_half", "second_half", "last", "all", "seconds"}`` for each pair: the
     halves split the target positions at ``tokens / 2``, and ``last`` is the final ``last``
     positions; every boundary must fall on a bucket edge.
+
+    Raises:
+        TypeError: ``rows`` not a sequence of mappings, or ``last`` not an int.
+        ValueError: ``last < 1``, a row without one of the keys ``window``, ``method``,
+            ``tokens``, ``bucket_start``, ``nll_sum``, ``count``, ``seconds`` (or with a
+            value that is not a number), or a boundary that is not a bucket edge.
     """
+    last = check_positive_int(last, "last")
+    rows = _check_rows(rows)
     groups: dict[tuple[int, str], list[Mapping[str, Any]]] = {}
     for r in rows:
         groups.setdefault((int(r["window"]), str(r["method"])), []).append(r)
@@ -411,8 +461,18 @@ def passkey_prompt(
 
 def passkey_trial(model: Any, tokenizer: Any, ids: Sequence[int], key: int, max_new_tokens: int = 8) -> tuple[str, bool]:
     """Greedy answer to a passkey prompt: ``(answer text, correct)``; correct means the first
-    number in the answer is ``key``."""
-    prompt = torch.tensor([list(ids)], dtype=torch.int64)
+    number in the answer is ``key``.
+
+    ``ids`` is the prompt (a sequence of token ids, as :func:`passkey_prompt` returns, or a
+    1-D integer tensor) and ``key`` an int ``>= 1``.
+
+    Raises:
+        TypeError: ``ids`` not integers (floats, say), or ``key`` not an int (the string
+            ``"12345"`` would never equal the number read from the answer).
+        ValueError: ``ids`` not 1-D, or ``key < 1``.
+    """
+    key = check_positive_int(key, "key")
+    prompt = check_int_tensor(ids, "ids", dims=(1,), what="token ids")[None]
     out = model.generate(prompt, max_new_tokens)
     answer = tokenizer.decode(out[0, prompt.shape[1]:].tolist())
     found = re.search(r"\d+", answer)

@@ -408,11 +408,15 @@ def test_render_chat_runs_in_a_sandbox():
 
 def test_render_chat_rejects_bad_input():
     msgs = [{"role": "user", "content": "x"}]
-    for bad in ("", None, 3):
-        with pytest.raises(ValueError, match="template must be a non-empty string"):
+    with pytest.raises(ValueError, match="template must be a non-empty string"):
+        llama.render_chat("", msgs)
+    for bad in (None, 3):  # a wrong type is a TypeError (book/conventions.md)
+        with pytest.raises(TypeError, match=rf"template must be a non-empty string .*, got {type(bad).__name__}"):
             llama.render_chat(bad, msgs)
-    for bad in ([], None, "hello", {"role": "user", "content": "x"}):
-        with pytest.raises(ValueError, match="messages must be a non-empty list"):
+    with pytest.raises(ValueError, match="messages must be a non-empty list"):
+        llama.render_chat(SMOLLM2_TEMPLATE, [])
+    for bad in (None, "hello", {"role": "user", "content": "x"}):
+        with pytest.raises(TypeError, match=rf"messages must be a non-empty list .*, got {type(bad).__name__}"):
             llama.render_chat(SMOLLM2_TEMPLATE, bad)
     for bad in ({"role": "user"}, {"content": "x"}, {"role": "user", "content": 3}, "user: x"):
         with pytest.raises(ValueError, match=r"messages\[1\] must be a mapping with string 'role' and 'content'"):
@@ -648,3 +652,155 @@ def test_config_fields_are_type_checked_with_their_names():
     ):
         with pytest.raises(ValueError, match=match):
             llama.LlamaConfig.from_gguf_fields({**fields, key: bad})
+
+
+# ----------------------------------------------------------------------------- bad input: configs, modules, cache, weights
+
+
+_CFG_KW = dict(vocab_size=10, dim=8, n_layers=2, n_heads=2, n_kv_heads=1, hidden_dim=8, head_dim=4,
+               rope_base=1e4, norm_eps=1e-5, context_length=16)
+
+
+def test_config_special_token_ids_lie_in_the_vocabulary():
+    for field in ("bos_id", "eos_id"):
+        for bad in (10, 99):
+            with pytest.raises(ValueError, match=rf"{field} must lie in \[0, 10\) \(a token id of the vocabulary "
+                                                 rf"of vocab_size 10\), got {bad}"):
+                llama.LlamaConfig(**{**_CFG_KW, field: bad})
+        assert getattr(llama.LlamaConfig(**{**_CFG_KW, field: 9}), field) == 9  # the last id is fine
+        assert getattr(llama.LlamaConfig(**{**_CFG_KW, field: 0}), field) == 0
+
+
+def test_from_gguf_fields_refuses_a_non_mapping():
+    for bad in ([("general.architecture", "llama")], "llama", None):
+        with pytest.raises(TypeError, match=rf"fields must be a mapping of GGUF metadata keys to values .*, "
+                                            rf"got {type(bad).__name__}"):
+            llama.LlamaConfig.from_gguf_fields(bad)
+
+
+def test_rmsnorm_checks_dim_and_eps():
+    for bad, exc, got in ((0, ValueError, "dim must be >= 1, got 0"), (-3, ValueError, "dim must be >= 1, got -3"),
+                          (True, TypeError, "dim must be an int, got bool"), ("16", TypeError, "dim must be an int, got str"),
+                          (2.0, TypeError, "dim must be an int, got float")):
+        with pytest.raises(exc, match=got):
+            llama.RMSNorm(bad, 1e-5)
+    for bad, exc, got in ((0.0, ValueError, "0.0"), (-1.0, ValueError, "-1.0"), (math.nan, ValueError, "nan"),
+                          (math.inf, ValueError, "inf"), ("1e-5", TypeError, "str '1e-5'"), (True, TypeError, "bool True"),
+                          (None, TypeError, "NoneType None")):
+        with pytest.raises(exc, match=rf"eps must be a finite number > 0, got {got}"):
+            llama.RMSNorm(8, bad)
+    # the valid norm is unchanged: x / sqrt(mean(x^2) + eps), weight 1, against float64 by hand
+    x = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(1))
+    want = (x.double() / (x.double().pow(2).mean(-1, keepdim=True) + 1e-3).sqrt()).float()
+    torch.testing.assert_close(llama.RMSNorm(8, 1e-3)(x), want, rtol=1e-6, atol=1e-6)
+
+
+def test_block_attention_and_feed_forward_check_cfg_and_layer():
+    cfg = llama.LlamaConfig(**_CFG_KW)
+    for cls in (llama.Block, llama.Attention):
+        for bad in (-1, 2, 5):
+            with pytest.raises(IndexError, match=rf"layer must lie in \[0, 2\) \(the config has 2 layers\), got {bad}"):
+                cls(cfg, bad)
+        for bad in (True, 1.0, "0", None):
+            with pytest.raises(TypeError, match=r"layer must be an int in \[0, 2\)"):
+                cls(cfg, bad)
+        with pytest.raises(TypeError, match="cfg must be a LlamaConfig, got dict"):
+            cls({"dim": 8}, 0)
+        assert cls(cfg, 1) is not None
+    assert llama.Attention(cfg, 1).layer == 1
+    with pytest.raises(TypeError, match="cfg must be a LlamaConfig, got dict"):
+        llama.FeedForward({"dim": 8})
+    x = torch.randn(1, 3, 8)
+    ff = llama.FeedForward(cfg)
+    torch.testing.assert_close(ff(x), ff.w2(torch.nn.functional.silu(ff.w1(x)) * ff.w3(x)))
+
+
+def test_kv_cache_update_checks_k_and_v():
+    k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)
+    cache = llama.KVCache(2)
+    for bad_k, bad_v, exc, match in (
+        (k.tolist(), v, TypeError, "k must be a torch.Tensor, got list"),
+        (k, None, TypeError, "v must be a torch.Tensor, got NoneType"),
+        (k[0], v[0], ValueError, r"k must have 4 dimensions, got shape \(2, 3, 4\)"),
+        (k, v[0], ValueError, r"v must have 4 dimensions, got shape \(2, 3, 4\)"),
+        (k.long(), v, TypeError, "k must be a floating-point tensor, got dtype torch.int64"),
+        (k, v.expand(2, -1, -1, -1), ValueError, r"v shape \(2, 2, 3, 4\) must match k shape \(1, 2, 3, 4\) in \(batch, kv_heads, seq\)"),
+        (k, v[:, :, :2], ValueError, r"v shape \(1, 2, 2, 4\) must match k shape \(1, 2, 3, 4\)"),
+        (k, v[:, :1], ValueError, r"v shape \(1, 1, 3, 4\) must match k shape"),
+        (k, v.double(), TypeError, r"v must have k's dtype and device \(torch.float32, cpu\), got torch.float64"),
+    ):
+        with pytest.raises(exc, match=match):
+            cache.update(0, bad_k, bad_v)
+    assert cache.length == 0 and cache._keys[0] is None  # nothing was written
+    cache.update(0, k, v[..., :3])  # values may have another head dim than the keys
+    k2, v2 = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 3)
+    for bad_k, bad_v, exc, match in (
+        (k2.expand(2, -1, -1, -1), v2.expand(2, -1, -1, -1), ValueError,
+         r"k batch size 2 must equal the batch size 1 of the chunks already cached for layer 0"),
+        (k2[..., :2], v2, ValueError, r"k head_dim 2 must equal the head_dim 4 of the chunks already cached for layer 0"),
+        (k2, v2[..., :2], ValueError, r"v head_dim 2 must equal the head_dim 3 of the chunks already cached"),
+        (torch.randn(1, 1, 1, 4), torch.randn(1, 1, 1, 3), ValueError, r"k kv_heads 1 must equal the kv_heads 2"),
+        (k2.double(), v2.double(), TypeError,
+         r"k must have the dtype and device of the chunks already cached for layer 0 \(torch.float32, cpu\), got torch.float64"),
+    ):
+        with pytest.raises(exc, match=match):
+            cache.update(0, bad_k, bad_v)
+    keys, values = cache.update(0, k2, v2)  # a good chunk still appends after the refused ones
+    assert torch.equal(keys, torch.cat([k, k2], 2)) and torch.equal(values, torch.cat([v[..., :3], v2], 2))
+
+
+def test_build_model_names_bad_weights():
+    config = llama.LlamaConfig(**_CFG_KW)
+    torch.manual_seed(0)
+    weights = dict(llama.LlamaModel(config, layout="interleaved").state_dict())
+    for bad, exc, match in (
+        ({k: w for k, w in weights.items() if k != "norm.weight"}, ValueError,
+         r"weights lack 1 tensor\(s\) the model needs: 'norm.weight'"),
+        ({k: w for k, w in weights.items() if not k.startswith("layers.1.")}, ValueError,
+         r"weights lack 9 tensor\(s\) the model needs: 'layers.1.attention_norm.weight', .* and 3 more"),
+        ({**weights, "extra.weight": torch.ones(3)}, ValueError,
+         r"weights hold 1 tensor\(s\) the model does not have: 'extra.weight'"),
+        ({**weights, "norm.weight": torch.ones(3)}, ValueError,
+         r"weights\['norm.weight'\] has shape \(3,\), but the config needs \(8,\)"),
+        ({**weights, "layers.0.attention.wq.weight": torch.ones(8, 4)}, ValueError,
+         r"weights\['layers.0.attention.wq.weight'\] has shape \(8, 4\), but the config needs \(8, 8\)"),
+        ({**weights, "norm.weight": torch.ones(8, dtype=torch.int64)}, TypeError,
+         r"weights\['norm.weight'\] must be a floating-point tensor, got dtype torch.int64"),
+        ({**weights, "norm.weight": [1.0] * 8}, TypeError, r"weights\['norm.weight'\] must be a floating-point tensor, got list"),
+        (list(weights.values()), TypeError, "weights must be a mapping of parameter names to tensors .*, got list"),
+    ):
+        for layout in ("half", "interleaved"):
+            with pytest.raises(exc, match=match):
+                llama.build_model(config, bad, layout)
+    with pytest.raises(TypeError, match="config must be a LlamaConfig, got dict"):
+        llama.build_model(_CFG_KW, weights)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    # the valid build is unchanged: the interleaved model is the one the weights came from
+    torch.testing.assert_close(llama.build_model(config, weights, "interleaved")(ids),
+                               llama.build_model(config, weights, "half")(ids), rtol=1e-5, atol=1e-5)
+
+
+def test_render_chat_reports_template_syntax_errors():
+    msgs = [{"role": "user", "content": "hi"}]
+    for bad, reason in (("{% if %}", "Expected an expression"), ("{% for m in messages %}", "Unexpected end of template"),
+                        ("{{ messages[0] ", "unexpected end of template")):
+        with pytest.raises(ValueError, match=rf"template is not a valid Jinja2 chat template: .*{reason}.*\(line 1\)"):
+            llama.render_chat(bad, msgs)
+
+
+def test_gguf_tokenizer_reports_missing_metadata():
+    base = {"tokenizer.ggml.model": "gpt2"}
+    with pytest.raises(ValueError, match=r"GGUF metadata lacks 'tokenizer.ggml.tokens' \(the vocabulary"):
+        llama.gguf_tokenizer(base)
+    with pytest.raises(ValueError, match=r"GGUF metadata lacks 'tokenizer.ggml.merges' \(the BPE merges"):
+        llama.gguf_tokenizer({**base, "tokenizer.ggml.tokens": ["a", "b"]})
+    for key, bad, match in (("tokenizer.ggml.tokens", "ab", "must be a list of strings .*, got str"),
+                            ("tokenizer.ggml.tokens", ["a", 3], "must be a list of strings .*, got int 3 at index 1"),
+                            ("tokenizer.ggml.merges", ["a b", "ab"], r"must hold 'left right' strings, got 'ab' at index 1")):
+        fields = {**base, "tokenizer.ggml.tokens": ["a", "b", "ab"], "tokenizer.ggml.merges": ["a b"], key: bad}
+        with pytest.raises(ValueError, match=rf"GGUF metadata '{re.escape(key)}' {match}"):
+            llama.gguf_tokenizer(fields)
+    with pytest.raises(TypeError, match="fields must be a mapping of GGUF metadata keys to values .*, got list"):
+        llama.gguf_tokenizer([("tokenizer.ggml.model", "gpt2")])
+    tok = llama.gguf_tokenizer({**base, "tokenizer.ggml.tokens": ["a", "b", "ab"], "tokenizer.ggml.merges": ["a b"]})
+    assert tok.encode("abba").ids == [2, 1, 0]  # 'a b' merges to 'ab'; 'b a' has no merge

@@ -789,3 +789,96 @@ def test_evaluate_window_rejects_repeated_methods():
     (checked before the model is touched, so no model is needed here)."""
     with pytest.raises(ValueError, match=r"methods must not repeat a method, got \['none', 'rerope', 'none'\]"):
         longctx.evaluate_window(None, torch.arange(10)[None], ["none", "rerope", "none"])
+
+
+# ----------------------------------------------------------------------------- bad input (issue 29)
+
+
+def test_method_config_base_must_exceed_one():
+    for bad, exc, got in ((1.0, ValueError, "1.0"), (1, ValueError, "1"), (0.5, ValueError, "0.5"), (math.nan, ValueError, "nan"),
+                          ("1e4", TypeError, "str '1e4'"), (True, TypeError, "bool True")):
+        for method in ("none", "pi", "yarn"):
+            with pytest.raises(exc, match=rf"base must be a finite number > 1, got {got}"):
+                longctx.method_config(method, 2.0, NATIVE, bad)
+    assert longctx.method_config("pi", 2.0, NATIVE, 1.5)["rope_theta"] == 1.5
+
+
+def test_summarize_checks_last_and_rows():
+    rows = _rows(512, 128, [1.0, 2.0, 3.0, 4.0])
+    for bad, exc, match in ((0, ValueError, "last must be >= 1, got 0"), (-128, ValueError, "last must be >= 1, got -128"),
+                            (True, TypeError, "last must be an int, got bool"), ("128", TypeError, "last must be an int, got str"),
+                            (128.0, TypeError, "last must be an int, got float")):
+        with pytest.raises(exc, match=match):
+            longctx.summarize(rows, last=bad)
+    for key in ("window", "method", "tokens", "bucket_start", "nll_sum", "count", "seconds"):
+        broken = [dict(r) for r in rows]
+        del broken[2][key]
+        with pytest.raises(ValueError, match=rf"rows\[2\] lacks the key\(s\) \['{key}'\]; bucket rows .* have the keys"):
+            longctx.summarize(broken, last=128)
+    with pytest.raises(ValueError, match=r"rows\[0\] lacks the key\(s\) \['method', 'tokens'"):
+        longctx.summarize([{"window": 0}])
+    with pytest.raises(ValueError, match=r"rows\[1\]\['nll_sum'\] must be a number, got 'abc'"):
+        longctx.summarize([rows[0], {**rows[1], "nll_sum": "abc"}, *rows[2:]], last=128)
+    for bad in ("rows", {"window": 0}, None, 3):
+        with pytest.raises(TypeError, match=rf"rows must be a sequence of bucket rows \(mappings\), got {type(bad).__name__}"):
+            longctx.summarize(bad)
+    with pytest.raises(TypeError, match=r"rows\[1\] must be a mapping \(a bucket row\), got str"):
+        longctx.summarize([rows[0], "x"])
+    # valid rows still give the hand-computed perplexity of the last 128 positions
+    assert longctx.summarize(rows, last=128)[(0, "none")]["last"] == math.exp(4.0 / 128)
+    assert longctx.summarize([]) == {}
+
+
+def _tiny_llama():
+    config = llama.LlamaConfig(vocab_size=32, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, hidden_dim=16,
+                               head_dim=8, rope_base=1e4, norm_eps=1e-5, context_length=16)
+    torch.manual_seed(0)
+    return llama.LlamaModel(config).eval()
+
+
+def test_evaluate_window_progress_must_be_callable():
+    model, ids = _tiny_llama(), torch.arange(8)[None]
+    for bad in ("log", 3, True):
+        with pytest.raises(TypeError, match=rf"progress must be a callable taking a string \(such as print\) or None, "
+                                            rf"got {type(bad).__name__}"):
+            longctx.evaluate_window(model, ids, ["none"], bucket=4, progress=bad)
+    said = []
+    rows = longctx.evaluate_window(model, ids, ["none"], bucket=4, progress=said.append)
+    assert len(said) == 1 and said[0].startswith("window 0 none: ")
+    nll = model.token_nll(ids)[0].double()
+    assert [r["count"] for r in rows] == [3, 4] and float(rows[1]["nll_sum"]) == pytest.approx(float(nll[3:].sum()), rel=1e-6)
+
+
+class _Recorder:
+    """A model stand-in that records the prompt and answers with fixed tokens."""
+
+    def __init__(self, reply):
+        self.reply, self.prompts = reply, []
+
+    def generate(self, prompt, max_new_tokens):
+        self.prompts.append(prompt)
+        return torch.cat([prompt, torch.tensor([self.reply[:max_new_tokens]])], dim=1)
+
+
+class _DigitTokenizer:
+    def decode(self, ids):
+        return "".join(str(i) for i in ids)
+
+
+def test_passkey_trial_checks_key_and_ids():
+    model, tok = _Recorder([1, 2, 3, 4, 5]), _DigitTokenizer()
+    for bad, exc, match in (("12345", TypeError, "key must be an int, got str"), (12345.0, TypeError, "key must be an int, got float"),
+                            (True, TypeError, "key must be an int, got bool"), (0, ValueError, "key must be >= 1, got 0")):
+        with pytest.raises(exc, match=match):
+            longctx.passkey_trial(model, tok, [3, 4], bad, 5)
+    for bad, exc, match in (([0.5, 1.5], TypeError, "ids must hold integers .* got dtype torch.float32; token ids are never floating point"),
+                            (torch.tensor([1.0, 2.0]), TypeError, "ids must hold integers"),
+                            (None, TypeError, "ids must be an integer tensor of token ids, got None"),
+                            ([[1, 2]], ValueError, r"ids must have shape \(seq,\), got \(1, 2\)")):
+        with pytest.raises(exc, match=match):
+            longctx.passkey_trial(model, tok, bad, 12345, 5)
+    assert model.prompts == []  # nothing was generated for a bad call
+    assert longctx.passkey_trial(model, tok, [3, 4], 12345, 5) == ("12345", True)
+    assert longctx.passkey_trial(model, tok, torch.tensor([3, 4], dtype=torch.int32), 1234, 5) == ("12345", False)
+    for prompt in model.prompts:
+        assert prompt.dtype == torch.int64 and torch.equal(prompt, torch.tensor([[3, 4]]))
