@@ -99,10 +99,23 @@ def _check_names(values: list[str], known: list[str], name: str, allow_all: bool
 
 
 def _check_eval(parser: argparse.ArgumentParser, ns: argparse.Namespace, cfg: TrainConfig | None) -> EvalConfig:
-    ev = EvalConfig(**_picked(ns, EvalConfig))
     with usage_errors(parser, configs=(EvalConfig, TrainConfig) if cfg is not None else (EvalConfig,)):
+        ev = EvalConfig(**_picked(ns, EvalConfig))  # checks its fields
         check_eval_config(ev, cfg)
     return ev
+
+
+def _check_parent(path: str | None, name: str) -> None:
+    """Require that the folder of ``path`` can exist: no existing ancestor of it is a file
+    (``out/x.json`` where ``out`` is a file could never be written; ``None`` passes)."""
+    if path is None:
+        return
+    for parent in Path(path).parents:  # nearest first
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"{name} must be a path in a folder, got {str(path)!r}, which lies under "
+                                 f"the existing file {str(parent)!r}")
+            return
 
 
 def _check_common(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
@@ -114,7 +127,9 @@ def _check_common(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> No
                 check_positive_int(getattr(ns, flag), "--" + flag)
         for flag in ("out", "json"):
             check_file_target(getattr(ns, flag, None), "--" + flag)
+            _check_parent(getattr(ns, flag, None), "--" + flag)
         check_folder_target(getattr(ns, "checkpoint_dir", None), "--checkpoint-dir")
+        _check_parent(getattr(ns, "checkpoint_dir", None), "--checkpoint-dir")
 
 
 def _check_sweep(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> tuple[list[TrainConfig], EvalConfig]:
@@ -288,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         ev = None if ns.no_eval else _check_eval(p, ns, cfg)
         with usage_errors(p):
             check_file_target(ns.checkpoint, "--checkpoint")
+            _check_parent(ns.checkpoint, "--checkpoint")
         torch.set_num_threads(ns.threads)
         corpus = load_corpus()
         model, record = train(cfg, corpus, checkpoint=ns.checkpoint)

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._checks import check_positive_int
+from .._checks import check_finite_number, check_positive_int
 from ..model import TinyDecoder
 from .data import KEY_DIGITS, KEY_LEN, QUERY_LEN, random_digits, windows, write_key
 
@@ -93,10 +93,51 @@ def _block_means(bits: Tensor, blocks: int) -> list[float]:
 
 
 def _check_lengths(lengths: Sequence[int]) -> list[int]:
+    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, (Sequence, np.ndarray)):
+        raise TypeError(f"lengths must be a list of ints >= 1 (window lengths), got {type(lengths).__name__} "
+                        f"{lengths!r}")
     out = [check_positive_int(int(w) if isinstance(w, (int, np.integer)) else w, "lengths") for w in lengths]
     if not out:
         raise ValueError("lengths must hold at least one length")
     return out
+
+
+def _check_model(model: object) -> torch.nn.Module:
+    """Require a model to evaluate: a ``torch.nn.Module`` mapping ``(batch, seq)`` byte ids to logits."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (a companion.model.TinyDecoder), got "
+                        f"{type(model).__name__}")
+    return model
+
+
+def _check_data(data: object) -> np.ndarray:
+    """Require the bytes to evaluate on: a 1-D numpy array of integers in ``[0, 256)``
+    (``Corpus.val`` is ``uint8``)."""
+    if not isinstance(data, np.ndarray):
+        raise TypeError(f"data must be a 1-D numpy array of bytes (such as Corpus.val, dtype uint8), got "
+                        f"{type(data).__name__}")
+    if not np.issubdtype(data.dtype, np.integer):
+        raise TypeError(f"data must hold integer byte values (dtype uint8), got dtype {data.dtype}")
+    if data.ndim != 1:
+        raise ValueError(f"data must be 1-D (a stream of bytes), got shape {data.shape}")
+    if data.dtype != np.uint8 and data.size and (int(data.min()) < 0 or int(data.max()) > 255):
+        raise ValueError(f"data must hold byte values in [0, 256), got values from {int(data.min())} "
+                         f"to {int(data.max())}")
+    return data
+
+
+def _check_depths(depths: object, name: str = "depths") -> list[float]:
+    """Require a non-empty list of numbers in ``[0, 1]`` (where a passkey sits in its window)."""
+    if isinstance(depths, (str, bytes)) or not isinstance(depths, (Sequence, np.ndarray)):
+        raise TypeError(f"{name} must be a non-empty list of numbers in [0, 1], got {type(depths).__name__} "
+                        f"{depths!r}")
+    if not len(depths):
+        raise ValueError(f"{name} must be a non-empty list of numbers in [0, 1], got {depths!r}")
+    for depth in depths:
+        if check_finite_number(depth, name, minimum=0) > 1:
+            raise ValueError(f"{name} must lie in [0, 1] (0: the key at the start, 1: just before "
+                             f"the query), got {depth!r}")
+    return list(depths)
 
 
 def _check_blocks(blocks: int, count: int, count_name: str) -> int:
@@ -136,6 +177,7 @@ def window_bits(
     w)`` losses in bits of predicting ``rows[:, 1:]`` (a training-free method of
     :mod:`companion.trainfree` plugs in here, so its numbers compare with the model's own).
     """
+    data = _check_data(data)
     lengths = _check_lengths(lengths)
     check_positive_int(windows_per_length, "windows_per_length")
     _check_blocks(blocks, windows_per_length, "windows_per_length")
@@ -180,10 +222,15 @@ def bits_per_byte(
       is the overall mean).
 
     Raises:
-        ValueError: no lengths, a length below 1, ``blocks`` not dividing
-            ``windows_per_length``, a ``reach`` below the longest length, or data too short
-            for that many distinct ends.
+        TypeError: ``model`` not a ``torch.nn.Module``, ``data`` not a 1-D numpy array of
+            integers, ``lengths`` not a list of ints, or a count that is not an int.
+        ValueError: no lengths, a length below 1, ``windows_per_length`` or
+            ``tokens_per_batch`` below 1, ``blocks`` not dividing ``windows_per_length``, a
+            ``reach`` below the longest length, data values outside ``[0, 256)``, or data
+            too short for that many distinct ends.
     """
+    _check_model(model)
+    check_positive_int(tokens_per_batch, "tokens_per_batch")
     model.eval()
 
     def bits_fn(rows: Tensor, w: int) -> Tensor:
@@ -216,13 +263,28 @@ def sliding_bits_per_byte(
     the first ``(stretch // S) * S`` bytes of each stretch are scored (at least one window).
 
     Returns ``{W: {"sliding": mean bits, "sliding_blocks": [mean bits of each stretch]}}``.
+
+    Raises:
+        TypeError: ``model`` not a ``torch.nn.Module``, ``data`` not a 1-D numpy array of
+            integers, ``lengths`` not a list of ints, ``stride_fraction`` not a number, or a
+            count that is not an int.
+        ValueError: no lengths, a length below 1, ``stride_fraction`` outside ``(0, 1]``,
+            ``scored_tokens``, ``blocks`` or ``tokens_per_batch`` below 1, ``scored_tokens``
+            below ``blocks`` (each stretch scores at least one byte), a ``reach`` below the
+            longest length, or data too short for the stretches.
     """
-    model.eval()
+    _check_model(model)
+    data = _check_data(data)
     lengths = _check_lengths(lengths)
-    if not 0 < stride_fraction <= 1:
+    if check_finite_number(stride_fraction, "stride_fraction") > 1:
         raise ValueError(f"stride_fraction must lie in (0, 1], got {stride_fraction}")
     check_positive_int(scored_tokens, "scored_tokens")
     check_positive_int(blocks, "blocks")
+    check_positive_int(tokens_per_batch, "tokens_per_batch")
+    if scored_tokens < blocks:
+        raise ValueError(f"scored_tokens ({scored_tokens}) must be at least blocks ({blocks}): each of the "
+                         f"blocks stretches scores scored_tokens // blocks bytes")
+    model.eval()
     span = scored_tokens // blocks
     longest = max(lengths) if reach is None else check_positive_int(reach, "reach")
     if longest < max(lengths):
@@ -282,15 +344,30 @@ def passkey_retrieval(
       gain of each trial (its control's bits per digit minus its own) and whether it was
       exact (0 or 1), so that intervals can be computed from stored results
       (:func:`companion.lab.stats.proportion_ci` for the exact-match rate).
+
+    Raises:
+        TypeError: ``model`` not a ``torch.nn.Module``, ``data`` not a 1-D numpy array of
+            integers, ``lengths`` not a list of ints, ``depths`` not a list of numbers, or
+            ``trials``, ``seed`` or ``tokens_per_batch`` not an int.
+        ValueError: no lengths or no depths, a length shorter than a key and a query, a
+            depth outside ``[0, 1]`` (or ``nan``), ``trials`` or ``tokens_per_batch`` below 1,
+            or a ``seed`` below 0.
     """
-    model.eval()
+    _check_model(model)
+    data = _check_data(data)
+    lengths = _check_lengths(lengths)
+    depths = _check_depths(depths, "depths")
     check_positive_int(trials, "trials")
+    check_positive_int(seed, "seed", 0)
+    check_positive_int(tokens_per_batch, "tokens_per_batch")
+    for w in lengths:
+        if w < KEY_LEN + QUERY_LEN:
+            raise ValueError(f"lengths must be at least {KEY_LEN + QUERY_LEN}, got {w}")
+    model.eval()
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, list] = {"bits": [], "control_bits": [], "gain": [], "exact": [],
                             "gain_trials": [], "exact_trials": []}
     for w in lengths:
-        if w < KEY_LEN + QUERY_LEN:
-            raise ValueError(f"lengths must be at least {KEY_LEN + QUERY_LEN}, got {w}")
         rows_bits, rows_ctrl, rows_gain, rows_exact, trial_gain, trial_exact = [], [], [], [], [], []
         base = windows(data, evenly_spaced_starts(data.size, w, trials), w)
         for depth in depths:
@@ -345,7 +422,20 @@ def attention_entropy(
     averaging ``-sum_j w_ij log2 w_ij`` over heads, windows and the last ``min(tail, W)``
     query positions. A query at position ``i`` that attends uniformly to its ``i + 1``
     visible keys has entropy ``log2(i + 1)``; one that attends to a single key has 0.
+
+    Raises:
+        TypeError: ``model`` not a :class:`~companion.model.TinyDecoder`, ``data`` not a 1-D
+            numpy array of integers, ``lengths`` not a list of ints, or a count not an int.
+        ValueError: no lengths, a length below 1, ``windows_per_length`` or ``tail`` below
+            1, or data too short for the windows.
     """
+    if not isinstance(model, TinyDecoder):
+        raise TypeError(f"model must be a companion.model.TinyDecoder (its blocks are run one by one), got "
+                        f"{type(model).__name__}")
+    data = _check_data(data)
+    lengths = _check_lengths(lengths)
+    check_positive_int(windows_per_length, "windows_per_length")
+    check_positive_int(tail, "tail")
     model.eval()
     result = {}
     for w in lengths:

@@ -24,6 +24,7 @@ import inspect
 import math
 from collections.abc import Callable
 
+from .._checks import check_positive_int
 from ..absolute import LearnedPositionalEmbedding, ScaledSinusoidalEmbedding
 from ..alibi import ALiBi
 from ..attention import NoPE, PositionScheme
@@ -165,10 +166,31 @@ def scheme_label(name: str) -> str:
     return LABELS.get(name, name.rsplit(":", 1)[-1])
 
 
+def _check_scheme_name(name: object) -> str:
+    """Require a lab scheme name: a key of :data:`BUILTIN` or the form
+    ``"package.module:ClassName"`` (checked by its form only: nothing is imported). Returns
+    ``name``.
+
+    Raises:
+        TypeError: ``name`` is not a string.
+        ValueError: any other string (names are case-sensitive: ``"ROPE"`` is not ``"rope"``).
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"scheme must be a string (a built-in name or 'package.module:ClassName'), got "
+                        f"{type(name).__name__} {name!r}")
+    if name in BUILTIN:
+        return name
+    module_name, colon, class_name = name.partition(":")
+    if not (colon and module_name and all(part.isidentifier() for part in module_name.split("."))
+            and class_name.isidentifier()):
+        hint = f" (names are lower-case: did you mean {name.lower()!r}?)" if name.lower() in BUILTIN else ""
+        raise ValueError(f"scheme must be a built-in name {sorted(BUILTIN)} or 'package.module:ClassName', "
+                         f"got {name!r}{hint}")
+    return name
+
+
 def _import_class(spec: str) -> type:
     module_name, _, class_name = spec.partition(":")
-    if not module_name or not class_name or ":" in class_name:
-        raise ValueError(f"scheme must be a built-in name {sorted(BUILTIN)} or 'package.module:ClassName', got {spec!r}")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -185,19 +207,27 @@ def _import_class(spec: str) -> type:
 def build_scheme(name: str, *, d_model: int, n_heads: int, max_len: int, train_len: int) -> PositionScheme:
     """Build the scheme ``name`` (a key of :data:`BUILTIN`, or ``"module:ClassName"``).
 
+    ``d_model``, ``n_heads``, ``max_len`` and ``train_len`` are ints >= 1, with ``d_model`` a
+    multiple of ``n_heads`` (each head gets ``d_model // n_heads`` dimensions).
+
     Raises:
+        TypeError: ``name`` not a string, or a size that is not an int.
         ValueError: an unknown name, a module that does not import, or a class that is not
             a :class:`~companion.attention.PositionScheme`, or whose constructor needs an
-            argument the lab does not provide.
+            argument the lab does not provide; a size below 1, or ``d_model`` not a multiple
+            of ``n_heads``.
     """
-    if not isinstance(name, str):
-        raise TypeError(f"scheme must be a string, got {type(name).__name__}")
+    _check_scheme_name(name)
+    for size_name, value in (("d_model", d_model), ("n_heads", n_heads), ("max_len", max_len),
+                             ("train_len", train_len)):
+        check_positive_int(value, size_name)
+    if d_model % n_heads:
+        raise ValueError(f"d_model ({d_model}) must be a multiple of n_heads ({n_heads}): each head gets "
+                         f"d_model // n_heads dimensions")
     shape = SchemeShape(d_model=d_model, n_heads=n_heads, head_dim=d_model // n_heads,
                         max_len=max_len, train_len=train_len)
     if name in BUILTIN:
         return BUILTIN[name](shape)
-    if ":" not in name:
-        raise ValueError(f"scheme must be a built-in name {sorted(BUILTIN)} or 'package.module:ClassName', got {name!r}")
     cls = _import_class(name)
     params = inspect.signature(cls).parameters
     kwargs = {k: v for k, v in shape.items() if k in params}

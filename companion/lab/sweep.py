@@ -22,10 +22,10 @@ import torch
 
 from ..utils import provenance, save_result
 from .corpus import Corpus, load_corpus
-from .._checks import check_finite_number, check_positive_int
+from .._checks import check_positive_int
 from .data import KEY_LEN, QUERY_LEN
-from .evaluate import (BLOCKS, SLIDING_TOKENS, WINDOWS, _check_blocks, attention_entropy, bits_per_byte,
-                       passkey_retrieval, sliding_bits_per_byte)
+from .evaluate import (BLOCKS, SLIDING_TOKENS, WINDOWS, _check_blocks, _check_depths, attention_entropy,
+                       bits_per_byte, passkey_retrieval, sliding_bits_per_byte)
 from .train import TrainConfig, train
 
 __all__ = ["EvalConfig", "check_eval_config", "check_protocol", "evaluate_model", "checkpoint_path", "run_job",
@@ -37,7 +37,16 @@ class EvalConfig:
     """Which evaluations a job runs, at which lengths (multiples of the training length), on
     how much text. The defaults are the book's protocol: ``windows * TAIL = 2**17`` tail bytes
     and ``sliding_tokens = 2**17`` sliding bytes per length, ``blocks`` bootstrap units per
-    metric, and 32 passkey trials per (length, depth) cell."""
+    metric, and 32 passkey trials per (length, depth) cell.
+
+    Every field is checked where the config is made (:func:`check_eval_config` without a
+    training config): ``multiples`` and ``passkey_multiples`` non-empty lists of ints >= 1,
+    the counts ints >= 1 with ``blocks`` dividing ``windows`` and at most ``sliding_tokens``,
+    ``passkey_depths`` a non-empty list of numbers in ``[0, 1]``.
+
+    Raises:
+        TypeError, ValueError: naming the field, what it got and what is allowed.
+    """
 
     multiples: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
     windows: int = WINDOWS
@@ -48,10 +57,15 @@ class EvalConfig:
     passkey_trials: int = 32
     entropy_windows: int = 8
 
+    def __post_init__(self) -> None:
+        _check_fields(self)
+
 
 def _int_list(values: object, name: str, minimum: int = 1) -> list[int]:
-    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)) or not values:
-        raise TypeError(f"{name} must be a non-empty list of ints, got {values!r}")
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)):
+        raise TypeError(f"{name} must be a non-empty list of ints, got {type(values).__name__} {values!r}")
+    if not values:
+        raise ValueError(f"{name} must be a non-empty list of ints, got {values!r}")
     return [check_positive_int(v, name, minimum) for v in values]
 
 
@@ -76,12 +90,16 @@ def check_protocol(ev: Any) -> None:
         raise ValueError(f"sliding_tokens ({ev.sliding_tokens}) must be at least blocks ({ev.blocks}): "
                          f"each of the blocks scores sliding_tokens // blocks bytes")
     depths = ev.passkey_depths
-    if isinstance(depths, (str, bytes)) or not isinstance(depths, (list, tuple)) or not depths:
-        raise TypeError(f"passkey_depths must be a non-empty list of numbers in [0, 1], got {depths!r}")
-    for depth in depths:
-        if check_finite_number(depth, "passkey_depths", minimum=0) > 1:
-            raise ValueError(f"passkey_depths must lie in [0, 1] (0: the key at the start, 1: just before "
-                             f"the query), got {depth!r}")
+    if not isinstance(depths, (list, tuple)):
+        raise TypeError(f"passkey_depths must be a non-empty list of numbers in [0, 1], got "
+                        f"{type(depths).__name__} {depths!r}")
+    _check_depths(depths, "passkey_depths")
+
+
+def _check_fields(ev: EvalConfig) -> None:
+    """The checks of an :class:`EvalConfig` that need no training config."""
+    check_protocol(ev)
+    _int_list(ev.passkey_multiples, "passkey_multiples")
 
 
 def _check_reach(cfg: TrainConfig, ev: EvalConfig) -> None:
@@ -104,9 +122,10 @@ def check_eval_config(ev: EvalConfig, cfg: TrainConfig | None = None) -> EvalCon
     """
     if not isinstance(ev, EvalConfig):
         raise TypeError(f"ev must be an EvalConfig, got {type(ev).__name__}")
-    check_protocol(ev)
-    _int_list(ev.passkey_multiples, "passkey_multiples")
+    _check_fields(ev)  # again: a field may have been changed since the config was made
     if cfg is not None:
+        if not isinstance(cfg, TrainConfig):
+            raise TypeError(f"cfg must be a TrainConfig or None, got {type(cfg).__name__}")
         _check_reach(cfg, ev)
         shortest = min(ev.passkey_multiples) * cfg.seq_len
         if shortest < KEY_LEN + QUERY_LEN:
@@ -128,12 +147,18 @@ def evaluate_model(model: torch.nn.Module, cfg: TrainConfig, ev: EvalConfig,
     (``{W: bits}``), the means; ``blocks`` (``{"all" | "tail" | "sliding": {W: [...]}}``),
     the same metrics per bootstrap unit; ``passkey`` (the cells of
     :func:`~companion.lab.evaluate.passkey_retrieval`, with every trial); and ``entropy``.
+
+    Raises:
+        TypeError, ValueError: ``cfg`` or ``ev`` not a config, or ``ev`` invalid for
+            ``cfg`` (:func:`check_eval_config`), checked before the corpus is loaded.
     """
+    if not isinstance(cfg, TrainConfig):
+        raise TypeError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
+    check_eval_config(ev, cfg)
     corpus = load_corpus() if corpus is None else corpus
     t0 = time.perf_counter()
     lengths = [m * cfg.seq_len for m in ev.multiples]
     pk_lengths = [m * cfg.seq_len for m in ev.passkey_multiples]
-    _check_reach(cfg, ev)
     val = corpus.val
     bpb = bits_per_byte(model, val, lengths, windows_per_length=ev.windows, blocks=ev.blocks)
     sliding = sliding_bits_per_byte(model, val, lengths, scored_tokens=ev.sliding_tokens, blocks=ev.blocks)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -28,12 +29,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .._checks import check_choice, check_finite_number, check_positive_int
+from .._checks import check_choice, check_file, check_finite_number, check_positive_int
 from ..model import TinyDecoder
 from ..utils import provenance
 from .corpus import Corpus
 from .data import sample_batch
-from .schemes import build_scheme, nope_layers_for
+from .schemes import _check_scheme_name, build_scheme, nope_layers_for
 
 __all__ = ["TrainConfig", "train", "build_model", "load_checkpoint", "lr_at", "DTYPES"]
 
@@ -47,6 +48,13 @@ class TrainConfig:
     The defaults are the chapter's recipe: a 2-layer, width-64, 4-head model (about 115k
     parameters) trained at ``seq_len = 128`` for 1500 steps of 32 windows, at a peak learning
     rate of ``1e-2`` (``1e-3`` leaves models this small stuck near bigram statistics).
+
+    Every field is checked where the config is made. ``scheme`` is a built-in name of
+    :data:`~companion.lab.schemes.BUILTIN` or ``"package.module:ClassName"`` (checked by its
+    form here; the class is imported when the model is built).
+
+    Raises:
+        TypeError, ValueError: naming the field, what it got and what is allowed.
     """
 
     scheme: str = "rope"
@@ -68,6 +76,7 @@ class TrainConfig:
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        _check_scheme_name(self.scheme)
         for name in ("d_model", "n_heads", "n_layers", "seq_len", "max_len", "batch_size", "steps"):
             check_positive_int(getattr(self, name), name)
         check_positive_int(self.seed, "seed", 0)
@@ -96,7 +105,15 @@ class TrainConfig:
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Learning rate at ``step`` (0-based): linear warmup over ``warmup`` steps, then cosine
-    decay from ``lr`` to ``min_lr_ratio * lr`` at the last step."""
+    decay from ``lr`` to ``min_lr_ratio * lr`` at the last step (and after it).
+
+    Raises:
+        TypeError: ``step`` not an int, or ``cfg`` not a :class:`TrainConfig`.
+        ValueError: ``step`` below 0.
+    """
+    check_positive_int(step, "step", 0)
+    if not isinstance(cfg, TrainConfig):
+        raise TypeError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     span = max(1, cfg.steps - 1 - cfg.warmup)
@@ -157,16 +174,47 @@ def _save(path: Path, model: TinyDecoder, opt: torch.optim.Optimizer, cfg: Train
     os.replace(tmp, path)
 
 
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [""])[0]
+
+
 def load_checkpoint(path: str | os.PathLike[str]) -> tuple[TinyDecoder, dict[str, Any]]:
     """Load a checkpoint written by :func:`train` (``weights_only=True``: no code is run).
 
     Returns the model, in eval mode, and the checkpoint dict (``config``, ``step``, ``log``,
     ``info``, ``optimizer``).
+
+    Raises:
+        FileNotFoundError, IsADirectoryError: ``path`` is missing or a folder.
+        TypeError: ``path`` is not a ``str`` or ``os.PathLike``.
+        ValueError: the file is not a checkpoint written by :func:`train` (not a torch file,
+            no ``config`` or ``model``, or weights that do not fit the config's model).
     """
-    ckpt = torch.load(Path(path), map_location="cpu", weights_only=True)
-    cfg = TrainConfig.from_dict(ckpt["config"])
+    p = check_file(path, "path", "a checkpoint written by companion.lab.train")
+    what = f"path {str(p)!r} is not a checkpoint written by companion.lab.train"
+    try:
+        ckpt = torch.load(p, map_location="cpu", weights_only=True)
+    except OSError:
+        raise
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, TypeError, AttributeError,
+            ImportError, IndexError, KeyError) as exc:
+        detail = "" if isinstance(exc, pickle.UnpicklingError) else f": {_first_line(exc)}"  # torch's text
+        # there suggests weights_only=False, which would run the file's code: not the fix here
+        raise ValueError(f"{what}: torch.load cannot read it as a checkpoint of tensors and plain data "
+                         f"({type(exc).__name__}{detail})") from exc
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("config"), dict) or "model" not in ckpt:
+        keys = sorted(map(str, ckpt)) if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise ValueError(f"{what}: expected a dict with 'config' and 'model', got {keys}")
+    try:
+        cfg = TrainConfig.from_dict(ckpt["config"])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what}: its config is invalid ({exc})") from exc
     model = build_model(cfg)
-    model.load_state_dict(ckpt["model"])
+    try:
+        model.load_state_dict(ckpt["model"])
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{what}: its weights do not fit the model of its config "
+                         f"({type(exc).__name__}: {_first_line(exc)})") from exc
     return model.eval(), ckpt
 
 

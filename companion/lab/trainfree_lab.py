@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._checks import check_positive_int, check_tensor
+from .._checks import INT_DTYPES, check_file, check_has_data, check_positive_int, check_tensor
 from ..model import TinyDecoder
 from ..rope import RotaryEmbedding
 from ..trainfree import (TRAINFREE_METHODS, ReRoPE, SelfExtend, SinkCache, _check_mode, _check_sink_args,
@@ -88,6 +88,24 @@ def _check_lab_model(model: object) -> TinyDecoder:
     return model
 
 
+def _check_ids(idx: object, vocab: int) -> Tensor:
+    """Require ``(batch, seq)`` integer token ids in ``[0, vocab)``; returns them as int32 or
+    int64 (the dtypes an embedding takes; others are widened to int64)."""
+    check_tensor(idx, "idx", 2)
+    assert isinstance(idx, Tensor)
+    check_has_data(idx, "idx")
+    if idx.dtype not in INT_DTYPES:
+        raise TypeError(f"idx must hold integer token ids (torch.int64 or torch.int32), got dtype {idx.dtype}")
+    if idx.dtype not in (torch.int32, torch.int64):
+        idx = idx.long()
+    if idx.numel():
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= vocab:
+            raise IndexError(f"idx must hold token ids in [0, {vocab}) (the model's vocabulary), got "
+                             f"{lo if lo < 0 else hi}")
+    return idx
+
+
 @torch.no_grad()
 def lab_forward(model: Any, idx: Tensor, mode: ReRoPE | SelfExtend | None = None,
                 cache: SinkCache | None = None, *, chunk: int = 256) -> Tensor:
@@ -99,6 +117,12 @@ def lab_forward(model: Any, idx: Tensor, mode: ReRoPE | SelfExtend | None = None
     attention replaced: ``mode`` (ReRoPE / Self-Extend, positions ``0 .. seq - 1``), or
     ``cache`` (a :class:`~companion.trainfree.SinkCache` of ``len(model.blocks)`` layers: the tokens continue the
     stream it holds), or neither (plain causal RoPE attention, the model's own function).
+
+    Raises:
+        TypeError: ``model`` not a lab RoPE model, ``idx`` not an integer tensor, ``mode`` or
+            ``cache`` of the wrong type.
+        ValueError: ``idx`` not 2-D, both ``mode`` and ``cache``, or a cache of another depth.
+        IndexError: a token id outside ``[0, vocab_size)``.
     """
     model = _check_lab_model(model)
     if mode is not None and cache is not None:
@@ -110,7 +134,7 @@ def lab_forward(model: Any, idx: Tensor, mode: ReRoPE | SelfExtend | None = None
             raise TypeError(f"cache must be a SinkCache or None, got {type(cache).__name__}")
         if cache.n_layers != len(model.blocks):
             raise ValueError(f"cache has {cache.n_layers} layers, the model {len(model.blocks)}")
-    check_tensor(idx, "idx", 2)
+    idx = _check_ids(idx, model.tok.num_embeddings)
     rope = model.scheme
     x = model.tok(idx)
     n = idx.shape[1]
@@ -139,11 +163,14 @@ def lab_stream_nll(model: Any, idx: Tensor, n_sink: int = 4, window: int = 256, 
     """Per-token NLL ``(batch, seq - 1)`` (nats) of a lab TinyDecoder reading ``idx`` as a stream
     through a :class:`~companion.trainfree.SinkCache`, ``chunk`` tokens at a time (as
     :func:`companion.trainfree.stream_nll`). The loss
-    is computed from float32 logits, as ``companion.lab.evaluate.bits_per_byte`` does."""
+    is computed from float32 logits, as ``companion.lab.evaluate.bits_per_byte`` does.
+
+    ``idx`` is checked as by :func:`lab_forward` (integer token ids inside the vocabulary:
+    ``TypeError`` / ``IndexError`` otherwise) and must hold at least 2 tokens per row."""
     model = _check_lab_model(model)
     n_sink, window, rerotate = _check_sink_args(n_sink, window, rerotate)
     chunk = check_positive_int(chunk, "chunk")
-    check_tensor(idx, "idx", 2)
+    idx = _check_ids(idx, model.tok.num_embeddings)
     if idx.shape[1] < 2:
         raise ValueError(f"idx must hold at least 2 tokens per row, got {idx.shape[1]}")
     cache = SinkCache(len(model.blocks), n_sink, window, rerotate=rerotate)
@@ -276,6 +303,12 @@ def run_trainfree(checkpoints: Sequence[str], multiples: Sequence[int], *, windo
     "methods": {name: {"settings": {W: kwargs}, "bpb": {W: {"all", "tail"}}, "seconds"}}}],
     "wall_seconds"}``; ``plain`` is RoPE as trained (chapter 8's numbers for the same model).
     Every argument is checked before the corpus or a checkpoint is loaded.
+
+    Raises:
+        TypeError: ``checkpoints`` not a non-empty list of paths, or a count not an int.
+        FileNotFoundError, IsADirectoryError: a checkpoint that is missing or a folder.
+        ValueError: a bad multiple, ``windows_per_length`` or name, or a file that is not
+            a lab checkpoint (:func:`~companion.lab.train.load_checkpoint`).
     """
     if isinstance(checkpoints, (str, os.PathLike)) or not isinstance(checkpoints, Sequence) or not checkpoints:
         raise TypeError(f"checkpoints must be a non-empty list of paths, got {checkpoints!r}")
@@ -290,6 +323,8 @@ def run_trainfree(checkpoints: Sequence[str], multiples: Sequence[int], *, windo
     windows_per_length = check_positive_int(windows_per_length, "windows_per_length")
     _check_blocks(BLOCKS, windows_per_length, "windows_per_length")  # the evaluations' bootstrap blocks
     names = list(LAB_TRAINFREE) if names is None else _check_names(names)
+    for i, path in enumerate(checkpoints):
+        check_file(path, f"checkpoints[{i}]", "a checkpoint written by companion.lab.train")
     corpus = load_corpus()
     t0 = time.perf_counter()
     runs = []
