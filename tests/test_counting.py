@@ -229,3 +229,81 @@ def test_marker_gates_needs_a_cope_model():
     with pytest.raises(TypeError, match="batch must be a CountingBatch"):
         marker_gates(model, make_batch(4, 0).tokens)
     assert isinstance(make_batch(1, 0), CountingBatch)
+
+
+def test_build_scheme_names_a_wrong_type():
+    """A list of names (or None) is a TypeError naming the argument, not "unhashable type"."""
+    with pytest.raises(TypeError, match=r"scheme_name must be a str, one of \('cope'.*got list \['cope'\]"):
+        build_scheme(["cope"], 8, 2)
+    with pytest.raises(TypeError, match="scheme_name must be a str.*got NoneType"):
+        build_scheme(None, 8, 2)
+    assert isinstance(build_scheme("cope", 8, 2), CoPE)  # a name still builds
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+class _WorkStarted(Exception):
+    pass
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """run_all and save_result replaced by guards: a bad flag must stop the command before them.
+    Returns the list of the run_all calls the guard saw (args, kwargs)."""
+    import companion.lab.counting as mod
+
+    calls = []
+
+    def guard(*args, **kwargs):
+        calls.append((args, kwargs))
+        raise _WorkStarted
+
+    monkeypatch.setattr(mod, "run_all", guard)
+    monkeypatch.setattr(mod, "save_result", guard)
+    return calls
+
+
+@pytest.mark.parametrize("flag, values, message", [
+    ("--steps", ["0"], "steps must be >= 1, got 0"),
+    ("--steps", ["-5"], "steps must be >= 1, got -5"),
+    ("--threads", ["0"], "threads must be >= 1, got 0"),
+    ("--seeds", ["-1"], "seeds must be >= 0, got -1"),
+    ("--seeds", ["0", "0"], "seeds must not repeat a value"),
+    ("--lrs", ["nan"], "lrs must be a finite number > 0, got nan"),
+    ("--lrs", ["0"], "lrs must be a finite number > 0, got 0.0"),
+    ("--lrs", ["-1e-3"], "lrs must be a finite number > 0"),
+    ("--lrs", ["inf"], "lrs must be a finite number > 0, got inf"),
+    ("--lrs", ["0.01", "0.01"], "lrs must not repeat a value"),
+    ("--schemes", ["rope", "rope"], "schemes must not repeat a value"),
+])
+def test_command_line_checks_every_flag_before_work(tmp_path, capsys, no_work, flag, values, message):
+    given = [f"{flag}={values[0]}"] if values[0].startswith("-") else [flag, *values]  # a negative number
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path / "c.json"), *given])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: {message}" in err
+    assert no_work == []
+
+
+def test_command_line_out_an_existing_folder(tmp_path, capsys, no_work):
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path), "--steps", "1"])
+    assert exc.value.code == 2
+    assert f"argument --out: out must be a file path, got the existing folder {str(tmp_path)!r}" in capsys.readouterr().err
+    assert no_work == []
+
+
+def test_command_line_valid_flags_reach_run_all_unchanged(tmp_path, no_work):
+    """Valid flags pass the checks and reach run_all as parsed (defaults untouched)."""
+    with pytest.raises(_WorkStarted):
+        main(["--out", str(tmp_path / "c.json"), "--steps", "3", "--seeds", "2", "0", "--lrs", "0.01", "0.003",
+              "--schemes", "rope", "cope", "--threads", "1"])
+    (args, kwargs), = no_work
+    assert args == (["rope", "cope"], [2, 0], 3) and kwargs["lrs"] == [0.01, 0.003]
+    no_work.clear()
+    with pytest.raises(_WorkStarted):
+        main(["--out", str(tmp_path / "c.json")])
+    (args, kwargs), = no_work
+    assert args == (["cope", "rope", "nope", "alibi"], [0, 1], 800) and kwargs["lrs"] == [3e-3, 1e-2]

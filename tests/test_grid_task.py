@@ -413,3 +413,70 @@ def test_window_mask_when_the_chunk_equals_the_grid_size():
     a = accuracy(model, batch, 4, chunk=16, window=1)   # 16 grids of 4 x 4 = 16 tokens
     b = accuracy(model, batch, 4, chunk=5, window=1)
     assert a == b
+
+
+# ----------------------------------------------------------------------------- the command line's checks
+
+
+class _WorkStarted(Exception):
+    pass
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """run_all, reduced_run and save_result replaced by guards: a bad flag must stop the command
+    before them. Returns the list of the calls the guards saw (name, args, kwargs)."""
+    calls = []
+
+    def guard(name):
+        def fn(*args, **kwargs):
+            calls.append((name, args, kwargs))
+            raise _WorkStarted
+        return fn
+
+    for name in ("run_all", "reduced_run", "save_result"):
+        monkeypatch.setattr(grid_task, name, guard(name))
+    return calls
+
+
+@pytest.mark.parametrize("flag, values, message", [
+    ("--steps", ["0"], "steps must be >= 1, got 0"),
+    ("--threads", ["0"], "threads must be >= 1, got 0"),
+    ("--seeds", ["-1"], "seeds must be >= 0, got -1"),
+    ("--seeds", ["1", "1"], "seeds must not repeat a value"),
+    ("--grids", ["0"], "grids must be >= 1, got 0"),
+    ("--grids", ["3"], "grids must be >= max_offset + 1 = 4, so that every offset fits in the grid, got 3"),
+    ("--grids", ["8", "8"], "grids must not repeat a value"),
+    ("--eval-size", ["0"], "eval_size must be >= 1, got 0"),
+    ("--schemes", ["nope", "nope"], "schemes must not repeat a value"),
+])
+def test_command_line_checks_every_flag_before_work(tmp_path, capsys, no_work, flag, values, message):
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path / "g.json"), flag, *values])
+    assert exc.value.code == 2
+    assert f"argument {flag}: {message}" in capsys.readouterr().err
+    assert no_work == []
+
+
+def test_command_line_out_an_existing_folder(tmp_path, capsys, no_work):
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path), "--steps", "1", "--skip-reduced"])
+    assert exc.value.code == 2
+    assert f"argument --out: out must be a file path, got the existing folder {str(tmp_path)!r}" in capsys.readouterr().err
+    assert no_work == []
+
+
+def test_command_line_valid_flags_reach_run_all_unchanged(tmp_path, no_work):
+    """Valid flags (a grid of max_offset + 1 = 4 included) reach run_all as parsed."""
+    with pytest.raises(_WorkStarted):
+        main(["--out", str(tmp_path / "g.json"), "--schemes", "axial", "--seeds", "0", "--steps", "3",
+              "--grids", "8", "4", "--eval-size", "5", "--threads", "1"])
+    (name, args, kwargs), = no_work
+    assert name == "run_all" and args == (["axial"], [0], 3)
+    assert kwargs["grids"] == [8, 4] and kwargs["settings"] == replace(TrainSettings(), eval_size=5)
+    no_work.clear()
+    with pytest.raises(_WorkStarted):
+        main(["--out", str(tmp_path / "g.json")])
+    (name, args, kwargs), = no_work
+    assert args == (list(SCHEMES), [0, 1, 2], grid_task.STEPS) and kwargs["grids"] == list(grid_task.GRIDS)
+    assert kwargs["settings"] == TrainSettings()

@@ -131,6 +131,29 @@ def test_method_config_unknown_method():
         method_config("rope2", 2.0, L, HEAD_DIM)
 
 
+@pytest.mark.parametrize("method", list(METHODS))
+def test_method_config_factor_must_be_at_least_one(method):
+    """A scaling factor stretches the trained range: s >= 1 for every method (``none`` too, which
+    the lab calls at 1); 1 itself and NumPy floats are fine and give the float."""
+    for bad in (0.5, 0.0, -2.0):
+        with pytest.raises(ValueError, match=rf"factor must be >= 1 \(a scaling factor .*\), got {bad!r}"):
+            method_config(method, bad, L, HEAD_DIM)
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="factor must be a finite number"):
+            method_config(method, bad, L, HEAD_DIM)
+    for bad in ("2", None, True):
+        with pytest.raises(TypeError, match="factor must be a finite number"):
+            method_config(method, bad, L, HEAD_DIM)
+    assert method_config(method, np.float32(2.0), L, HEAD_DIM) == method_config(method, 2.0, L, HEAD_DIM)
+    one = method_config(method, 1, L, HEAD_DIM)
+    assert one.get("factor", 1.0) == 1.0 and isinstance(one.get("factor", 1.0), float)
+
+
+def test_method_config_method_not_a_string():
+    with pytest.raises(TypeError, match=r"method must be a name among \[.*'pi'.*\], got list \['pi'\]"):
+        method_config(["pi"], 2.0, L, HEAD_DIM)
+
+
 def test_yarn_without_temperature_keeps_yarns_frequencies():
     s = 4.0
     yarn_inv, yarn_att = compute_inv_freq(method_config("yarn", s, L, HEAD_DIM), HEAD_DIM,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import astuple
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -944,3 +945,147 @@ def test_sweep_rejects_fractional_lengths_bad_keys_and_duplicates(sweep_case):
     data["runs"] = list(data["runs"]) + [data["runs"][0]]
     with pytest.raises(ValueError, match="two runs of the same scheme and seed"):
         Sweep(data)
+
+
+# ----------------------------------------------------------------------------------------------
+# bad input: say what is missing and what a sweep / extension result holds
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fn", [load_sweep, load_extension])
+def test_load_path_must_be_a_path(fn):
+    for bad in (None, 3, ["a.json"]):
+        with pytest.raises(TypeError, match=r"path must be a path \(a str or a pathlib.Path\), got"):
+            fn(bad)
+
+
+def test_load_sweep_a_result_that_is_not_a_sweep(tmp_path):
+    save_result(tmp_path / "not_a_sweep.json", {"runs": []})
+    with pytest.raises(ValueError, match=r"not_a_sweep.json is not a sweep result \(data is not a sweep's data: "
+                                         r"it lacks 'eval_config'; a sweep's data holds 'eval_config' and 'runs'"):
+        load_sweep(tmp_path / "not_a_sweep.json")
+    save_result(tmp_path / "a_list.json", [1, 2])
+    with pytest.raises(ValueError, match=r"a_list.json is not a sweep result \(data must be a sweep's data \(a dict\), "
+                                         r"got list"):
+        load_sweep(tmp_path / "a_list.json")
+    save_result(tmp_path / "no_runs.json", {"eval_config": EVAL_CONFIG, "runs": []})
+    with pytest.raises(ValueError, match=r"no_runs.json is not a sweep result \(data\['runs'\] must be a non-empty"):
+        load_sweep(tmp_path / "no_runs.json")
+
+
+def test_sweep_of_an_incomplete_data_names_what_is_missing(sweep_case):
+    _, data, _ = sweep_case
+    with pytest.raises(ValueError, match=r"it lacks 'eval_config', 'runs'; a sweep's data holds 'eval_config' and "
+                                         r"'runs' \(a non-empty list, each run with 'config'"):
+        Sweep({})
+    with pytest.raises(TypeError, match=r"data must be a sweep's data \(a dict\), got list"):
+        Sweep([data])
+    with pytest.raises(ValueError, match=r"data\['runs'\] must be a non-empty list of runs"):
+        Sweep({**data, "runs": []})
+    runs = [dict(r) for r in data["runs"]]
+    runs[2] = {k: v for k, v in runs[2].items() if k != "eval"}
+    with pytest.raises(ValueError, match=r"data\['runs'\]\[2\] lacks 'eval'"):
+        Sweep({**data, "runs": runs})
+    runs = [dict(r) for r in data["runs"]]
+    runs[1] = {**runs[1], "config": {k: v for k, v in runs[1]["config"].items() if k != "seq_len"}}
+    with pytest.raises(ValueError, match=r"data\['runs'\]\[1\] lacks config\['seq_len'\]"):
+        Sweep({**data, "runs": runs})
+    runs = [dict(r) for r in data["runs"]]
+    runs[0] = {**runs[0], "eval": {k: v for k, v in runs[0]["eval"].items() if k != "passkey"}}
+    with pytest.raises(ValueError, match=r"data\['runs'\]\[0\] lacks eval\['passkey'\]"):
+        Sweep({**data, "runs": runs})
+    runs[0] = {**runs[0], "eval": {**data["runs"][0]["eval"], "passkey": {"lengths": PK_LENGTHS}}}
+    with pytest.raises(ValueError, match=r"data\['runs'\]\[0\] lacks eval\['passkey'\]\['depths'\]"):
+        Sweep({**data, "runs": runs})
+
+
+def _row() -> dict[str, str]:
+    return {"method": "pi", "factor": "2.0", "finetune_steps": "0", "metric": "bpb_tail", "length": "256",
+            "where": "", "seed": "0", "value": "1.5"}
+
+
+@pytest.mark.parametrize("field", CSV_FIELDS)
+def test_extension_row_without_a_field_names_it(field):
+    rows = [_row(), {k: v for k, v in _row().items() if k != field}]
+    with pytest.raises(ValueError, match=rf"rows\[1\] lacks the field\(s\) '{field}'; a row of an extension CSV "
+                                         rf"holds \['seed', 'method', .*'value'\]"):
+        Extension(rows, {})
+
+
+def test_extension_bad_rows_units_and_data():
+    with pytest.raises(TypeError, match="rows must be a list of an extension CSV's rows"):
+        Extension(_row(), {})
+    with pytest.raises(TypeError, match=r"rows\[0\] must be a dict"):
+        Extension(["pi,2.0"], {})
+    with pytest.raises(TypeError, match="data must be an extension result's data"):
+        Extension([_row()], None)
+    with pytest.raises(ValueError, match=r"rows\[0\] is not a row of an extension CSV .*: could not convert"):
+        Extension([{**_row(), "value": "abc"}], {})
+    with pytest.raises(ValueError, match=r"rows\[0\] is not a row of an extension CSV .*invalid literal for int"):
+        Extension([{**_row(), "length": "2.5"}], {})
+    unit = {"method": "pi", "factor": 2.0, "finetune_steps": 0, "seed": 0, "tail": {}}
+    with pytest.raises(ValueError, match=r"data\['units'\]\[1\] lacks the field\(s\) 'seed'; a unit of an "
+                                         r"extension result holds \['method', 'factor', 'finetune_steps', 'seed'\]"):
+        Extension([_row()], {"units": [unit, {k: v for k, v in unit.items() if k != "seed"}]})
+    with pytest.raises(TypeError, match=r"data\['units'\] must be a list"):
+        Extension([_row()], {"units": unit})
+    ext = Extension([_row()], {"units": [unit]})  # complete: reads as before
+    assert (ext.methods, ext.factors, ext.steps) == (["pi"], [2.0], [0])
+    np.testing.assert_array_equal(ext.get("pi", 2.0, 0, "bpb_tail", 256), [1.5])
+
+
+def test_load_extension_a_part_with_an_incomplete_row(tmp_path, ext_case):
+    _, rows, data = ext_case
+    part_rows, part_data = _ext_part(rows, data, TUNED_SEEDS, 1.0)
+    save_csv(tmp_path / "p.csv", [{k: v for k, v in r.items() if k != "value"} for r in part_rows],
+             [f for f in CSV_FIELDS if f != "value"])
+    save_result(tmp_path / "p.json", part_data)
+    with pytest.raises(ValueError, match=r"rows\[0\] lacks the field\(s\) 'value'"):
+        load_extension(tmp_path)
+
+
+# ----------------------------------------------------------------------------------------------
+# the stored results still load (each read against the JSON itself)
+# ----------------------------------------------------------------------------------------------
+
+STORED = Path(__file__).resolve().parents[1] / "chapters" / "data"
+
+
+@pytest.mark.parametrize("name", ["08_sweep.json", "08_sweep"])
+def test_stored_sweeps_load(name):
+    path = STORED / name
+    if not path.exists():
+        pytest.skip(f"{path} is not in this checkout")
+    sw = load_sweep(path)
+    files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+    runs = [r for f in files for r in load_result(f)["data"]["runs"]]
+    assert sw.schemes == list(dict.fromkeys(r["config"]["scheme"] for r in runs))
+    for scheme in sw.schemes:
+        mine = sorted((r for r in runs if r["config"]["scheme"] == scheme), key=lambda r: r["config"]["seed"])
+        assert sw.seeds(scheme) == [r["config"]["seed"] for r in mine]
+        want = [[r["eval"]["bpb"][str(w)]["tail"] for w in r["eval"]["lengths"]] for r in mine]
+        np.testing.assert_array_equal(sw.curve(scheme), want)
+
+
+def test_stored_extension_loads():
+    csv, js = STORED / "09_extension.csv", STORED / "09_extension.json"
+    if not (csv.exists() and js.exists()):
+        pytest.skip("the stored extension run is not in this checkout")
+    _, rows = load_csv(csv)
+    ext = Extension(rows, load_result(js)["data"])
+    assert ext.methods == list(dict.fromkeys(r["method"] for r in rows))
+    r = next(r for r in rows if r["method"] == "pi")
+    got = ext.get("pi", float(r["factor"]), int(r["finetune_steps"]), r["metric"], int(r["length"]), r["where"],
+                  seeds=[int(r["seed"])])
+    assert got.tolist() == [float(r["value"])]
+
+
+def test_blocks_of_a_sweep_stored_without_them_is_a_clear_error():
+    # sweeps run before the lab stored per-block values (chapter 8's first, 08_sweep.json)
+    data = load_result(STORED / "08_sweep" / "rope-alibi.json")["data"]
+    sw = Sweep(data)
+    assert sw.blocks("rope", "tail", sw.lengths[0]).shape[0] == len(sw.seeds("rope"))
+    for run in data["runs"]:
+        del run["eval"]["blocks"]
+    with pytest.raises(ValueError, match="no per-block values for 'rope'"):
+        Sweep(data).blocks("rope", "tail", sw.lengths[0])

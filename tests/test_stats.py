@@ -751,3 +751,33 @@ def test_non_numeric_values_are_type_errors():
             bootstrap_ci(bad)
     with pytest.raises(TypeError, match="values must be an array of numbers"):
         block_means(["a", "b"], 1)
+
+
+def test_interval_format_digits_must_be_an_int_at_least_zero():
+    ci = Interval(0.123456, -1.4, 2.75, 0.95, 10)
+    with pytest.raises(ValueError, match="digits must be >= 0, got -1"):
+        ci.format(-1)
+    for bad in (1.5, "2", True, None):
+        with pytest.raises(TypeError, match="digits must be an int"):
+            ci.format(bad)
+    assert ci.format(np.int64(3)) == "0.123 [-1.400, 2.750]"  # a NumPy int is an int
+
+
+def test_bootstrap_resample_rows_must_be_a_bool():
+    values = [[1.0, 2.0, 4.0, 3.0], [10.0, 11.5, 12.0, 13.0]]  # rows far apart: resampling them widens
+    for bad in ("yes", "False", 1, 0, None):
+        with pytest.raises(TypeError, match="resample_rows must be a bool"):
+            bootstrap_ci(values, resample_rows=bad)
+    # True and False (NumPy's bools too) are what they were: the two-stage and the unit bootstrap
+    assert bootstrap_ci(values, resample_rows=np.bool_(True)) == bootstrap_ci(values, resample_rows=True)
+    assert bootstrap_ci(values, resample_rows=np.bool_(False)) == bootstrap_ci(values) == bootstrap_ci(
+        np.mean(values, 0))
+    assert bootstrap_ci(values, resample_rows=True) != bootstrap_ci(values)
+
+
+def test_check_seeds_claim_must_be_callable():
+    with pytest.raises(TypeError, match=r"claim must be a function .* or None, got str 'x > 0'"):
+        check_seeds([1.0], "x > 0")
+    with pytest.raises(TypeError, match="claim must be a function"):
+        check_seeds({0: True}, True)
+    assert check_seeds([1.0, -1.0], lambda x: x > 0) == SeedCheck((0,), (1,))

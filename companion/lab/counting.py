@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._checks import check_finite_number, check_positive_int
+from .._cli import check_distinct, check_file_target, check_seeds, usage_errors
 from ..alibi import ALiBi
 from ..attention import NoPE, PositionScheme
 from ..cope import CoPE, cope_gates
@@ -217,7 +218,14 @@ SCHEMES: dict[str, Callable[[int, int, int], PositionScheme]] = {
 def build_scheme(name: str, head_dim: int, n_heads: int, npos: int | None = None) -> PositionScheme:
     """A fresh scheme by name (one of :data:`SCHEMES`): ``CoPE(head_dim, npos)`` (zero table,
     the authors' start; ``npos=None`` means the default task's ``seq_len + 1``),
-    ``RotaryEmbedding(head_dim)``, ``NoPE()``, ``ALiBi(n_heads)``."""
+    ``RotaryEmbedding(head_dim)``, ``NoPE()``, ``ALiBi(n_heads)``.
+
+    Raises:
+        TypeError: ``name`` is not a string (a list of names, None).
+        ValueError: ``name`` is not one of :data:`SCHEMES`, or ``npos`` below 1.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"scheme_name must be a str, one of {tuple(SCHEMES)}, got {type(name).__name__} {name!r}")
     if name not in SCHEMES:
         raise ValueError(f"scheme_name must be one of {tuple(SCHEMES)}, got {name!r}")
     npos = CountingTask().seq_len + 1 if npos is None else check_positive_int(npos, "npos")
@@ -450,10 +458,33 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _check_flags(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    """Every flag of :func:`main`, before any work; a bad one is ``parser.error`` naming it."""
+    with usage_errors(parser, "--schemes"):
+        check_distinct(ns.schemes, "schemes")
+    with usage_errors(parser, "--seeds"):
+        check_seeds(ns.seeds, "seeds")
+    with usage_errors(parser, "--lrs"):
+        for lr in ns.lrs:
+            check_finite_number(lr, "lrs")
+        check_distinct(ns.lrs, "lrs")
+    with usage_errors(parser, "--steps"):
+        check_positive_int(ns.steps, "steps")
+    with usage_errors(parser, "--threads"):
+        check_positive_int(ns.threads, "threads")
+    with usage_errors(parser, "--out"):
+        check_file_target(ns.out, "out")
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m companion.lab.counting --out FILE [--schemes ...] [--seeds ...] [--lrs ...]
     [--steps N] [--threads T]``: run :func:`run_all`, and store the runs and their
-    :func:`summarize` with :func:`companion.utils.save_result`."""
+    :func:`summarize` with :func:`companion.utils.save_result`.
+
+    Every flag is checked before any training: a bad one (``--steps 0``, ``--threads 0``, a
+    negative or repeated seed, a learning rate that is not a finite number > 0, a repeated
+    scheme or rate, an ``--out`` that is an existing folder) is the parser's usage error
+    (exit status 2) naming the flag."""
     p = argparse.ArgumentParser(prog="python -m companion.lab.counting", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="result JSON path")
     p.add_argument("--schemes", nargs="+", default=["cope", "rope", "nope", "alibi"], choices=list(SCHEMES))
@@ -462,9 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=800)
     p.add_argument("--threads", type=int, default=1)
     ns = p.parse_args(argv)
-    torch.set_num_threads(check_positive_int(ns.threads, "threads"))
-    for lr in ns.lrs:
-        check_finite_number(lr, "lrs")
+    _check_flags(p, ns)
+    torch.set_num_threads(ns.threads)
     argv_list = sys.argv[1:] if argv is None else list(argv)
     runs = run_all(ns.schemes, ns.seeds, ns.steps, lrs=ns.lrs, log=lambda line: print(line, flush=True))
     data = {"task": asdict(CountingTask()), "long_task": asdict(CountingTask().longer()),

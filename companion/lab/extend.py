@@ -84,10 +84,22 @@ CSV_FIELDS = ["seed", "method", "factor", "finetune_steps", "metric", "length", 
 
 def method_config(method: str, factor: float, train_len: int, head_dim: int, base: float = BASE,
                   long_factor: Sequence[float] | None = None) -> dict[str, Any]:
-    """The rope config of ``method`` at scale ``factor`` for a model trained at ``train_len``."""
+    """The rope config of ``method`` at scale ``factor`` for a model trained at ``train_len``.
+
+    Raises:
+        ValueError: an unknown ``method``, or a ``factor`` below 1, nan or inf (a scaling
+            factor stretches the trained range, ``s >= 1``; ``"none"`` is called at 1).
+        TypeError: a ``method`` that is not a string, or a ``factor`` that is not a real
+            number (a string, a bool, None).
+    """
+    if not isinstance(method, str):
+        raise TypeError(f"method must be a name among {list(METHODS)}, got {type(method).__name__} {method!r}")
     if method not in METHODS:
         raise ValueError(f"method must be one of {list(METHODS)}, got {method!r}")
-    cfg = METHODS[method](float(factor), int(train_len), float(base), int(head_dim))
+    factor = check_finite_number(factor, "factor", positive=False)
+    if factor < 1:
+        raise ValueError(f"factor must be >= 1 (a scaling factor stretches the trained range by s >= 1), got {factor!r}")
+    cfg = METHODS[method](factor, int(train_len), float(base), int(head_dim))
     if method == "longrope" and long_factor is not None:
         cfg["long_factor"] = [float(x) for x in long_factor]
     return cfg

@@ -61,6 +61,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import check_finite_number, check_positive_int, check_tensor
+from .._cli import check_distinct, check_file_target, check_seeds, usage_errors
 from ..attention import NoPE, PositionScheme
 from ..dispatch import fast_attention
 from ..grid import AxialRoPE, LearnedGridEmbedding, MixedRoPE, Sinusoidal2DEmbedding, grid_positions
@@ -725,11 +726,39 @@ def reduced_run(schemes: Sequence[str] = tuple(SCHEMES), *, log: Callable[[str],
             "runs": runs, "summary": summarize(runs)}
 
 
+def _check_flags(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    """Every flag of :func:`main`, before any work; a bad one is ``parser.error`` naming it."""
+    with usage_errors(parser, "--schemes"):
+        check_distinct(ns.schemes, "schemes")
+    with usage_errors(parser, "--seeds"):
+        check_seeds(ns.seeds, "seeds")
+    with usage_errors(parser, "--steps"):
+        check_positive_int(ns.steps, "steps")
+    with usage_errors(parser, "--grids"):
+        least = GridTask().max_offset + 1  # the task's rule: every offset fits in the grid
+        for g in ns.grids:
+            if check_positive_int(g, "grids") < least:
+                raise ValueError(f"grids must be >= max_offset + 1 = {least}, so that every offset fits in the "
+                                 f"grid, got {g}")
+        check_distinct(ns.grids, "grids")
+    with usage_errors(parser, "--eval-size"):
+        check_positive_int(ns.eval_size, "eval_size")
+    with usage_errors(parser, "--threads"):
+        check_positive_int(ns.threads, "threads")
+    with usage_errors(parser, "--out"):
+        check_file_target(ns.out, "out")
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m companion.lab.grid_task --out FILE [--schemes ...] [--seeds ...] [--steps N]
     [--grids G ...] [--eval-size N] [--threads T] [--skip-reduced]``: run :func:`run_all`,
     then :func:`reduced_run` (unless ``--skip-reduced``), and store the runs, their
-    :func:`summarize` and the reduced run with :func:`companion.utils.save_result`."""
+    :func:`summarize` and the reduced run with :func:`companion.utils.save_result`.
+
+    Every flag is checked before any training: a bad one (``--steps 0``, ``--threads 0``, a
+    negative or repeated seed, a grid side below ``max_offset + 1`` or repeated,
+    ``--eval-size 0``, a repeated scheme, an ``--out`` that is an existing folder) is the
+    parser's usage error (exit status 2) naming the flag."""
     p = argparse.ArgumentParser(prog="python -m companion.lab.grid_task", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="result JSON path")
     p.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=list(SCHEMES))
@@ -740,8 +769,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--skip-reduced", action="store_true", help="do not run and store the notebook's reduced run")
     ns = p.parse_args(argv)
-    torch.set_num_threads(check_positive_int(ns.threads, "threads"))
-    settings = replace(TrainSettings(), eval_size=check_positive_int(ns.eval_size, "eval_size"))
+    _check_flags(p, ns)
+    torch.set_num_threads(ns.threads)
+    settings = replace(TrainSettings(), eval_size=ns.eval_size)
     argv_list = sys.argv[1:] if argv is None else list(argv)
     start = time.perf_counter()
     runs = run_all(ns.schemes, ns.seeds, ns.steps, grids=ns.grids, settings=settings,

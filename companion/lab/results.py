@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .._checks import check_path
 from ..utils import load_csv, load_result
 from .stats import Interval, paired_bootstrap_ci
 
@@ -24,6 +24,43 @@ __all__ = ["Sweep", "Extension", "difference", "merge_sweeps", "load_sweep", "me
 
 #: The bits-per-byte metrics of a sweep: all positions, the last 64 (tail), sliding window.
 BPB_METRICS = ("all", "tail", "sliding")
+
+#: What a sweep's ``data`` holds (and :class:`Sweep` reads): the evaluation config and the
+#: runs, each with its ``config`` (scheme, seed, training length) and ``eval``.
+_SWEEP_HOLDS = ("a sweep's data holds 'eval_config' and 'runs' (a non-empty list, each run with 'config' "
+                "{'scheme', 'seed', 'seq_len', ...} and 'eval' {'lengths', 'passkey', ...})")
+
+#: The fields of an extension CSV row (``companion.lab.extend.CSV_FIELDS``, kept here to avoid
+#: importing the trainer) and of an extension job's per-unit record.
+_ROW_FIELDS = ("seed", "method", "factor", "finetune_steps", "metric", "length", "where", "value")
+_UNIT_FIELDS = ("method", "factor", "finetune_steps", "seed")
+
+
+def _missing(value: object, keys: Sequence[str]) -> list[str]:
+    """The ``keys`` a mapping ``value`` lacks (all of them when it is not a mapping)."""
+    return [k for k in keys if not isinstance(value, Mapping) or k not in value]
+
+
+def _check_sweep_data(data: object) -> None:
+    """Raise unless ``data`` has the layout :class:`Sweep` reads (see ``_SWEEP_HOLDS``)."""
+    if not isinstance(data, Mapping):
+        raise TypeError(f"data must be a sweep's data (a dict), got {type(data).__name__}; {_SWEEP_HOLDS}")
+    lacks = _missing(data, ("eval_config", "runs"))
+    if lacks:
+        raise ValueError(f"data is not a sweep's data: it lacks {', '.join(map(repr, lacks))}; {_SWEEP_HOLDS}")
+    runs = data["runs"]
+    if isinstance(runs, (str, bytes, Mapping)) or not isinstance(runs, Sequence) or not runs:
+        raise ValueError(f"data['runs'] must be a non-empty list of runs, got {runs!r:.80}; {_SWEEP_HOLDS}")
+    for i, r in enumerate(runs):
+        lacks = [repr(k) for k in _missing(r, ("config", "eval"))]
+        if not lacks:
+            lacks = [f"config[{k!r}]" for k in _missing(r["config"], ("scheme", "seed", "seq_len"))]
+        if not lacks and i == 0:
+            lacks = [f"eval[{k!r}]" for k in _missing(r["eval"], ("lengths", "passkey"))]
+            if not lacks:
+                lacks = [f"eval['passkey'][{k!r}]" for k in _missing(r["eval"]["passkey"], ("lengths", "depths"))]
+        if lacks:
+            raise ValueError(f"data['runs'][{i}] lacks {', '.join(lacks)}; {_SWEEP_HOLDS}")
 
 
 def difference(a: np.ndarray, b: np.ndarray, **kwargs: Any) -> Interval:
@@ -99,22 +136,43 @@ def load_sweep(path: str | os.PathLike[str]) -> "Sweep":
     in it, in name order, merged by :func:`merge_sweeps`).
 
     Raises:
+        TypeError: ``path`` is not a ``str`` or ``os.PathLike`` (``None``, say).
         FileNotFoundError: no such file or folder, or a folder without ``.json`` files.
-        ValueError: what :func:`~companion.utils.load_result` or :func:`merge_sweeps` raise.
+        ValueError: a file that is not a sweep result (it names the file and what a sweep's
+            data holds), or what :func:`~companion.utils.load_result` or
+            :func:`merge_sweeps` raise.
     """
-    path = Path(path)
+    path = check_path(path, "path")
     if path.is_dir():
         files = sorted(path.glob("*.json"))
         if not files:
             raise FileNotFoundError(f"path {path} holds no .json sweep parts")
         return Sweep(merge_sweeps([load_result(f) for f in files], names=[f.name for f in files]))
-    return Sweep(load_result(path)["data"])
+    result = load_result(path)
+    data = result.get("data") if isinstance(result, Mapping) else None
+    try:
+        _check_sweep_data(data)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"path {path} is not a sweep result ({exc})") from None
+    return Sweep(data)
 
 
 class Sweep:
-    """A chapter 8 sweep (the ``data`` of its result file), by scheme, seed and length."""
+    """A chapter 8 sweep (the ``data`` of its result file), by scheme, seed and length.
+
+    ``data`` holds ``eval_config`` and ``runs``: a non-empty list, each run with its
+    ``config`` (``scheme``, ``seed``, ``seq_len``, ...) and ``eval`` (``lengths``,
+    ``passkey`` with its ``lengths`` and ``depths``, ...), as ``python -m companion.lab
+    sweep`` writes them.
+
+    Raises:
+        TypeError: ``data`` is not a mapping.
+        ValueError: ``data`` lacks one of those fields (the message names it), or holds two
+            runs of the same scheme and seed.
+    """
 
     def __init__(self, data: Mapping[str, Any]) -> None:
+        _check_sweep_data(data)
         self.data = data
         self.eval_config = data["eval_config"]
         self.runs = {(r["config"]["scheme"], r["config"]["seed"]): r for r in data["runs"]}
@@ -156,7 +214,11 @@ class Sweep:
         if metric not in BPB_METRICS:
             raise ValueError(f"metric must be one of {BPB_METRICS}, got {metric!r}")
         w = self._index(length)
-        return np.array([e["blocks"][metric][w] for e in self._eval(scheme)])
+        evals = self._eval(scheme)
+        if any("blocks" not in e for e in evals):
+            raise ValueError(f"this sweep stores no per-block values for {scheme!r} (it was run before the "
+                             f"lab stored them); re-run it with the current `python -m companion.lab sweep`")
+        return np.array([e["blocks"][metric][w] for e in evals])
 
     def passkey(self, scheme: str, key: str = "exact") -> np.ndarray:
         """``(seeds, lengths, depths)`` passkey cells (``exact``, ``gain``, ``bits``,
@@ -173,15 +235,52 @@ class Sweep:
 
 
 class Extension:
-    """A chapter 9 extension run: the CSV rows of means and the JSON's per-unit values."""
+    """A chapter 9 extension run: the CSV rows of means and the JSON's per-unit values.
+
+    ``rows`` are the CSV's rows, each with the fields ``seed``, ``method``, ``factor``,
+    ``finetune_steps``, ``metric``, ``length``, ``where`` and ``value``; ``data`` is the
+    JSON's ``data``, whose optional ``units`` (one per job, each with ``method``, ``factor``,
+    ``finetune_steps``, ``seed`` and its per-unit values) feed :meth:`Extension.blocks` and
+    :meth:`Extension.trials`.
+
+    Raises:
+        TypeError: ``rows`` is not a sequence of mappings, or ``data`` not a mapping.
+        ValueError: a row or unit lacking one of its fields (the message names the row and
+            the field), or two units of the same job.
+    """
 
     def __init__(self, rows: Sequence[Mapping[str, str]], data: Mapping[str, Any]) -> None:
+        if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence):
+            raise TypeError(f"rows must be a list of an extension CSV's rows (dicts with the fields "
+                            f"{list(_ROW_FIELDS)}), got {type(rows).__name__}")
+        if not isinstance(data, Mapping):
+            raise TypeError(f"data must be an extension result's data (a dict, its optional 'units' one per job), "
+                            f"got {type(data).__name__}")
+        for i, r in enumerate(rows):
+            if not isinstance(r, Mapping):
+                raise TypeError(f"rows[{i}] must be a dict with the fields {list(_ROW_FIELDS)}, got {type(r).__name__}")
+            lacks = _missing(r, _ROW_FIELDS)
+            if lacks:
+                raise ValueError(f"rows[{i}] lacks the field(s) {', '.join(map(repr, lacks))}; a row of an "
+                                 f"extension CSV holds {list(_ROW_FIELDS)}")
+        units = data.get("units", [])
+        if isinstance(units, (str, bytes, Mapping)) or not isinstance(units, Sequence):
+            raise TypeError(f"data['units'] must be a list of per-unit records, got {type(units).__name__}")
+        for i, u in enumerate(units):
+            lacks = _missing(u, _UNIT_FIELDS)
+            if lacks:
+                raise ValueError(f"data['units'][{i}] lacks the field(s) {', '.join(map(repr, lacks))}; a unit "
+                                 f"of an extension result holds {list(_UNIT_FIELDS)} and its per-unit values")
         self.data = data
         self._vals: dict[tuple, dict[int, float]] = {}
-        for r in rows:
-            key = (r["method"], float(r["factor"]), int(r["finetune_steps"]), r["metric"], int(r["length"]),
-                   r["where"])
-            self._vals.setdefault(key, {})[int(r["seed"])] = float(r["value"])
+        for i, r in enumerate(rows):
+            try:
+                key = (r["method"], float(r["factor"]), int(r["finetune_steps"]), r["metric"], int(r["length"]),
+                       r["where"])
+                self._vals.setdefault(key, {})[int(r["seed"])] = float(r["value"])
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"rows[{i}] is not a row of an extension CSV (factor and value numbers, seed, "
+                                 f"finetune_steps and length integers): {exc}") from None
         self._units = {(u["method"], float(u["factor"]), int(u["finetune_steps"]), int(u["seed"])): u
                        for u in data.get("units", [])}
         if len(self._units) != len(data.get("units", [])):
@@ -302,13 +401,14 @@ def load_extension(path: str | os.PathLike[str]) -> "Extension":
     merged by :func:`merge_extensions`.
 
     Raises:
+        TypeError: ``path`` is not a ``str`` or ``os.PathLike`` (``None``, say).
         FileNotFoundError: no such folder, a folder without ``.csv`` files, or a CSV without
             its JSON.
         NotADirectoryError: ``path`` is a file.
-        ValueError: what :func:`~companion.utils.load_csv`, :func:`~companion.utils.load_result`
-            or :func:`merge_extensions` raise.
+        ValueError: what :func:`~companion.utils.load_csv`, :func:`~companion.utils.load_result`,
+            :func:`merge_extensions` or :class:`Extension` raise.
     """
-    path = Path(path)
+    path = check_path(path, "path")
     if not path.exists():
         raise FileNotFoundError(f"path {path} does not exist")
     if not path.is_dir():

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import check_finite_number, check_positive_int
+from .._checks import check_bool, check_finite_number, check_positive_int
 
 __all__ = ["Interval", "SeedCheck", "bootstrap_ci", "paired_bootstrap_ci", "proportion_ci", "check_seeds",
            "failing_seeds", "block_means"]
@@ -67,7 +67,13 @@ class Interval:
         return self.high < value
 
     def format(self, digits: int = 2) -> str:
-        """``"estimate [low, high]"`` rounded to ``digits`` decimals."""
+        """``"estimate [low, high]"`` rounded to ``digits`` decimals.
+
+        Raises:
+            TypeError: ``digits`` is not an int (a bool, a float, a string).
+            ValueError: ``digits`` is negative.
+        """
+        digits = _count(digits, "digits", 0)
         return f"{self.estimate:.{digits}f} [{self.low:.{digits}f}, {self.high:.{digits}f}]"
 
     def __str__(self) -> str:
@@ -160,11 +166,16 @@ def bootstrap_ci(
     Raises:
         ValueError: empty, non-finite or more than 2-D ``values``; ``confidence`` outside
             ``(0, 1)``; ``resamples`` below 100; a negative ``seed``.
+        TypeError: ``values`` that are not numbers, or ``resample_rows`` that is not a bool
+            (``"yes"`` or ``1``).
     """
     arr = _as_units(values, "values")
     c = _check_confidence(confidence)
     check_positive_int(resamples, "resamples", 100)
     check_positive_int(seed, "seed", 0)
+    if not isinstance(resample_rows, np.bool_):
+        check_bool(resample_rows, "resample_rows")
+    resample_rows = bool(resample_rows)
     rows, n = arr.shape
     rng = np.random.default_rng(seed)
     means = np.empty(resamples)
@@ -239,8 +250,12 @@ def check_seeds(per_seed: Mapping[Hashable, Any] | Sequence[Any],
 
     Raises:
         ValueError: no seeds.
-        TypeError: a claim (or value) that does not give a bool.
+        TypeError: a ``claim`` that is neither callable nor None (a string such as
+            ``"x > 0"``), or a claim (or value) that does not give a bool.
     """
+    if claim is not None and not callable(claim):
+        raise TypeError(f"claim must be a function of one seed's value that returns a bool, or None, "
+                        f"got {type(claim).__name__} {claim!r:.60}")
     items = list(per_seed.items()) if isinstance(per_seed, Mapping) else list(enumerate(per_seed))
     if not items:
         raise ValueError("per_seed must hold at least one seed")
