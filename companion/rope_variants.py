@@ -20,7 +20,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from ._checks import as_positions, check_finite_number, check_positive_int, check_tensor
+from ._checks import as_positions, check_base, check_finite_number, check_positive_int, check_tensor
 from .attention import PositionScheme
 from .rope import RotaryEmbedding, check_layout, rope_cos_sin, rope_frequencies, rope_rotate
 from .scaling import proportional_rope_angles
@@ -113,17 +113,25 @@ class XPos(PositionScheme):
 
     Args:
         head_dim: per-head dimension of q and k, even.
-        base: RoPE base, > 0 (torchscale fixes 10000).
-        scale_base: ``gamma``, > 0 (torchscale's default 512).
+        base: RoPE base, a finite number > 1 (torchscale fixes 10000), the package's one rule
+            for a base (:func:`companion._checks.check_base`).
+        scale_base: ``gamma``, a finite number > 0 (torchscale's default 512).
         layout: ``"interleaved"`` (torchscale) or ``"half"`` (HuggingFace).
         center: a fixed integer centre ``c``, or ``None`` for torchscale's rule above.
+
+    Raises:
+        TypeError: ``head_dim`` is not an int, ``base`` or ``scale_base`` not a real number (a
+            string, a bool, ``None``), ``center`` neither an int nor ``None``.
+        ValueError: ``head_dim`` is not an even int >= 2, ``base`` is not finite and > 1
+            (``base = 1`` turns every pair alike, ``base < 1`` reverses the ladder),
+            ``scale_base`` not finite and > 0, or ``layout`` unknown.
     """
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, scale_base: float = 512.0,
                  layout: str = "interleaved", center: int | None = None) -> None:
         super().__init__()
         self.head_dim = _check_head_dim(head_dim)
-        self.base = check_finite_number(base, "base")
+        self.base = check_base(base)
         self.scale_base = check_finite_number(scale_base, "scale_base")
         self.layout = check_layout(layout)
         if center is not None:
@@ -238,7 +246,7 @@ class PRoPE(RotaryEmbedding):
     Args:
         head_dim: per-head dimension of q and k, even.
         p: the fraction of frequencies kept, in ``[0, 1]``.
-        base: RoPE base, > 0.
+        base: RoPE base, a finite number > 1 (:func:`companion._checks.check_base`).
         layout: ``"half"`` (HuggingFace, Gemma) or ``"interleaved"``.
         compute_dtype, max_cached_positions, device: as for ``RotaryEmbedding``.
     """
@@ -248,7 +256,7 @@ class PRoPE(RotaryEmbedding):
                  device: torch.device | str | None = None) -> None:
         _check_head_dim(head_dim)
         p = _check_p(p)
-        base = check_finite_number(base, "base")
+        base = check_base(base)
         super().__init__(head_dim, base=base, layout=layout, compute_dtype=compute_dtype,
                          max_cached_positions=max_cached_positions, device=device)
         #: the fraction of frequencies kept

@@ -65,7 +65,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._checks import check_base, check_finite_number, check_positive_int
+from ._checks import check_base, check_bool, check_finite_number, check_positive_int
 
 __all__ = [
     "ROPE_TYPES",
@@ -391,14 +391,57 @@ def _plain(base: float | Tensor, dim: int) -> Tensor:
     return 1.0 / (base ** _exponents(dim))
 
 
+def _check_ntk_dim(dim: object) -> int:
+    """``dim`` of the NTK bases: an even int >= 4 (the exponent ``d / (d - 2)`` divides by
+    ``d - 2``, and a rotary dimension is even: coordinates are rotated in pairs)."""
+    check_positive_int(dim, "dim", minimum=4)
+    if dim % 2:  # type: ignore[operator]
+        raise ValueError(f"dim must be an even int >= 4 (the rotary dimension; coordinates are rotated in pairs), got {dim}")
+    return dim  # type: ignore[return-value]
+
+
+def _check_rotary_dim(dim: object, name: str = "dim") -> int:
+    """An even int >= 2 (a rotary dimension: coordinates are rotated in pairs)."""
+    check_positive_int(dim, name, minimum=2)
+    if dim % 2:  # type: ignore[operator]
+        raise ValueError(f"{name} must be an even int >= 2 (coordinates are rotated in pairs), got {dim}")
+    return dim  # type: ignore[return-value]
+
+
 def ntk_base(base: float, factor: float, dim: int) -> float:
     """The NTK-aware base ``b * s ** (d / (d - 2))`` (see the chapter for the derivation).
 
     It keeps ``theta_0 = 1`` and divides the lowest frequency ``theta_{d/2-1}`` by exactly ``s``.
     ``base`` is a finite number > 1 (:func:`companion._checks.check_base`).
+
+    Raises:
+        TypeError: ``base`` or ``factor`` is not a real number (a string, a bool, ``None``), or
+            ``dim`` is not an int (a float such as ``8.0``, a bool).
+        ValueError: ``base`` is not finite and > 1, ``factor`` is not finite and >= 1, or
+            ``dim`` is not an even int >= 4 (the exponent divides by ``d - 2``).
     """
     check_base(base)
+    check_finite_number(factor, "factor", minimum=1.0)
+    _check_ntk_dim(dim)
     return base * factor ** (dim / (dim - 2))
+
+
+def _check_dynamic_seq_len(seq_len: object) -> int | Tensor:
+    """``seq_len`` of :func:`dynamic_ntk_base`: an int >= 0 or a 0-d integer tensor >= 0."""
+    if isinstance(seq_len, Tensor):
+        if seq_len.dtype.is_floating_point or seq_len.dtype.is_complex or seq_len.dtype == torch.bool:
+            raise TypeError(
+                f"seq_len must be an int or a 0-d integer tensor (a length: max(position) + 1), got a "
+                f"{seq_len.dtype} tensor"
+            )
+        if seq_len.dim() != 0:
+            raise ValueError(f"seq_len must be an int or a 0-d integer tensor, got a tensor of shape {tuple(seq_len.shape)}")
+        if int(seq_len) < 0:
+            raise ValueError(f"seq_len must be >= 0, got {int(seq_len)}")
+        return seq_len
+    if isinstance(seq_len, numbers.Integral) and not isinstance(seq_len, bool):
+        seq_len = int(seq_len)
+    return check_positive_int(seq_len, "seq_len", minimum=0)
 
 
 def dynamic_ntk_base(base: float, factor: float, dim: int, seq_len: int | Tensor, max_position_embeddings: int) -> float | Tensor:
@@ -408,8 +451,20 @@ def dynamic_ntk_base(base: float, factor: float, dim: int, seq_len: int | Tensor
     ``s**2 - s + 1``, not ``s``: ``factor`` here is a rate, not the target extension.
     A 0-d integer tensor ``seq_len`` (what HuggingFace's forward pass passes) is computed with
     tensor arithmetic, in float32, as HuggingFace does. ``base`` is a finite number > 1.
+
+    Raises:
+        TypeError: ``base`` or ``factor`` is not a real number, ``dim`` or
+            ``max_position_embeddings`` is not an int, or ``seq_len`` is neither an int nor an
+            integer tensor (a float, a string, a float tensor).
+        ValueError: ``base`` is not finite and > 1, ``factor`` not finite and >= 1, ``dim`` not
+            an even int >= 4, ``max_position_embeddings`` < 1, ``seq_len`` < 0 or a tensor that
+            is not 0-d.
     """
     check_base(base)
+    check_finite_number(factor, "factor", minimum=1.0)
+    _check_ntk_dim(dim)
+    check_positive_int(max_position_embeddings, "max_position_embeddings")
+    seq_len = _check_dynamic_seq_len(seq_len)
     if isinstance(seq_len, Tensor):
         n = torch.maximum(seq_len, torch.tensor(max_position_embeddings, dtype=seq_len.dtype, device=seq_len.device))
     else:
@@ -418,7 +473,14 @@ def dynamic_ntk_base(base: float, factor: float, dim: int, seq_len: int | Tensor
 
 
 def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
-    """YaRN's magnitude correction ``0.1 * mscale * ln(scale) + 1`` (1 for ``scale <= 1``)."""
+    """YaRN's magnitude correction ``0.1 * mscale * ln(scale) + 1`` (1 for ``scale <= 1``).
+
+    Raises:
+        TypeError: ``scale`` or ``mscale`` is not a real number (a string, a bool, ``None``).
+        ValueError: ``scale`` is not finite and > 0, or ``mscale`` not finite and >= 0.
+    """
+    check_finite_number(scale, "scale")
+    check_finite_number(mscale, "mscale", minimum=0.0)
     if scale <= 1:
         return 1.0
     return 0.1 * mscale * math.log(scale) + 1.0
@@ -433,8 +495,25 @@ def yarn_correction_range(beta_fast: float, beta_slow: float, dim: int, base: fl
     ``beta_fast`` rotations and ``high`` for ``beta_slow``; with ``truncate`` they are floored and
     ceiled; then clamped to ``[0, d - 1]`` (HuggingFace's and YaRN's bound, ``d``, not ``d/2``).
     ``base`` is a finite number > 1 (at 1 the index divides by ``ln b = 0``).
+
+    Raises:
+        TypeError: a beta or ``base`` is not a real number, ``dim`` or
+            ``original_max_position_embeddings`` is not an int, ``truncate`` is not a bool.
+        ValueError: a beta is not finite and > 0, ``beta_fast < beta_slow`` (equal is allowed:
+            the ramp then has width 0), ``dim`` is not an even int >= 2, ``base`` is not finite
+            and > 1, or ``original_max_position_embeddings`` < 1.
     """
+    check_finite_number(beta_fast, "beta_fast")
+    check_finite_number(beta_slow, "beta_slow")
+    if beta_fast < beta_slow:
+        raise ValueError(
+            f"beta_fast must be >= beta_slow (the ramp runs from beta_fast rotations down to beta_slow), got "
+            f"beta_fast={beta_fast!r} and beta_slow={beta_slow!r}"
+        )
+    _check_rotary_dim(dim)
     check_base(base)
+    check_positive_int(original_max_position_embeddings, "original_max_position_embeddings")
+    check_bool(truncate, "truncate")
 
     def index(rotations: float) -> float:
         return (dim * math.log(original_max_position_embeddings / (rotations * 2 * math.pi))) / (2 * math.log(base))
@@ -522,7 +601,16 @@ def proportional_rope_angles(head_dim: int, partial_rotary_factor: float) -> int
     HuggingFace's expression, float arithmetic included (``0.58 * 100 // 2`` is 28, since
     ``0.58 * 100`` is ``57.99999999999999`` in floating point), which is also the pseudocode of
     p-RoPE (:cite:`barbero2025round`, ``rope_angles = int(rope_percentage * head_dim // 2)``).
+
+    Raises:
+        TypeError: ``head_dim`` is not an int, or ``partial_rotary_factor`` not a real number.
+        ValueError: ``head_dim`` is not an even int >= 2 (the rotation covers the whole head, in
+            pairs), or ``partial_rotary_factor`` is not a finite number in [0, 1].
     """
+    _check_rotary_dim(head_dim, "head_dim")
+    check_finite_number(partial_rotary_factor, "partial_rotary_factor", minimum=0.0)
+    if partial_rotary_factor > 1:
+        raise ValueError(f"partial_rotary_factor must lie in [0, 1], got {partial_rotary_factor!r}")
     return int(partial_rotary_factor * head_dim // 2)
 
 

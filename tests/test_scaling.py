@@ -32,6 +32,7 @@ from companion.scaling import (
     llama_cpp_rope_args,
     ntk_base,
     parse_rope_config,
+    proportional_rope_angles,
     rope_parameters_from_legacy,
     yarn_correction_range,
     yarn_get_mscale,
@@ -1102,3 +1103,119 @@ def test_proportional_scheme_needs_the_whole_head():
     RotaryEmbedding(32, rotary_dim=32, rope_config=cfg)  # the whole head: fine
     with pytest.raises(ValueError, match="rotary_dim=16 disagrees"):
         RotaryEmbedding(32, rotary_dim=16, rope_config=cfg)
+
+
+# ----------------------------------------------------------------------------- the helpers' own arguments
+#
+# The helpers below compute_inv_freq check their arguments themselves (TypeError for a wrong
+# type, ValueError for a bad value, the message naming the argument); a config dict's bad key
+# is still a ValueError naming the key (test_bad_configs_name_the_key).
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    # ntk_base(base, factor, dim): factor >= 1, dim an even int >= 4 (the exponent is d / (d - 2))
+    (lambda: ntk_base(1e4, 0.5, 8), ValueError, r"factor must be a finite number >= 1, got 0.5"),
+    (lambda: ntk_base(1e4, NAN, 8), ValueError, r"factor must be a finite number >= 1, got nan"),
+    (lambda: ntk_base(1e4, INF, 8), ValueError, r"factor must be a finite number >= 1, got inf"),
+    (lambda: ntk_base(1e4, "4", 8), TypeError, r"factor must be a finite number >= 1, got str '4'"),
+    (lambda: ntk_base(1e4, True, 8), TypeError, r"factor must be a finite number >= 1, got bool"),
+    (lambda: ntk_base(1e4, 4.0, 2), ValueError, r"dim must be >= 4, got 2"),
+    (lambda: ntk_base(1e4, 4.0, 0), ValueError, r"dim must be >= 4, got 0"),
+    (lambda: ntk_base(1e4, 4.0, 7), ValueError, r"dim must be an even int >= 4.*got 7"),
+    (lambda: ntk_base(1e4, 4.0, 8.0), TypeError, r"dim must be an int, got float"),
+    (lambda: ntk_base(1e4, 4.0, True), TypeError, r"dim must be an int, got bool"),
+    # dynamic_ntk_base(base, factor, dim, seq_len, max_position_embeddings)
+    (lambda: dynamic_ntk_base(1e4, 2.0, 8, 32, 0), ValueError, r"max_position_embeddings must be >= 1, got 0"),
+    (lambda: dynamic_ntk_base(1e4, 2.0, 8, 32, 16.0), TypeError, r"max_position_embeddings must be an int"),
+    (lambda: dynamic_ntk_base(1e4, 2.0, 8, 1.5, 16), TypeError, r"seq_len must be an int, got float"),
+    (lambda: dynamic_ntk_base(1e4, 2.0, 8, "32", 16), TypeError, r"seq_len must be an int, got str"),
+    (lambda: dynamic_ntk_base(1e4, 2.0, 8, True, 16), TypeError, r"seq_len must be an int, got bool"),
+    (lambda: dynamic_ntk_base(1e4, 2.0, 8, None, 16), TypeError, r"seq_len must be an int, got NoneType"),
+    (lambda: dynamic_ntk_base(1e4, 2.0, 8, -1, 16), ValueError, r"seq_len must be >= 0, got -1"),
+    (lambda: dynamic_ntk_base(1e4, 2.0, 8, torch.tensor(32.0), 16), TypeError,
+     r"seq_len must be an int or a 0-d integer tensor .*got a torch.float32 tensor"),
+    (lambda: dynamic_ntk_base(1e4, 2.0, 8, torch.tensor(True), 16), TypeError, r"seq_len .*torch.bool"),
+    (lambda: dynamic_ntk_base(1e4, 2.0, 8, torch.tensor([32]), 16), ValueError, r"seq_len .*0-d.*shape \(1,\)"),
+    (lambda: dynamic_ntk_base(1e4, 2.0, 8, torch.tensor(-1), 16), ValueError, r"seq_len must be >= 0, got -1"),
+    (lambda: dynamic_ntk_base(1e4, 0.5, 8, 32, 16), ValueError, r"factor must be a finite number >= 1"),
+    (lambda: dynamic_ntk_base(1e4, 2.0, 2, 32, 16), ValueError, r"dim must be >= 4, got 2"),
+    (lambda: dynamic_ntk_base(1e4, 2.0, 9, 32, 16), ValueError, r"dim must be an even int >= 4.*got 9"),
+    # yarn_get_mscale(scale, mscale): scale finite > 0 (<= 1 gives 1), mscale finite >= 0
+    (lambda: yarn_get_mscale(NAN), ValueError, r"scale must be a finite number > 0, got nan"),
+    (lambda: yarn_get_mscale(INF), ValueError, r"scale must be a finite number > 0, got inf"),
+    (lambda: yarn_get_mscale(0.0), ValueError, r"scale must be a finite number > 0, got 0.0"),
+    (lambda: yarn_get_mscale("4"), TypeError, r"scale must be a finite number > 0, got str '4'"),
+    (lambda: yarn_get_mscale(None), TypeError, r"scale must be a finite number > 0, got NoneType"),
+    (lambda: yarn_get_mscale(4.0, NAN), ValueError, r"mscale must be a finite number >= 0, got nan"),
+    (lambda: yarn_get_mscale(4.0, -1.0), ValueError, r"mscale must be a finite number >= 0, got -1.0"),
+    (lambda: yarn_get_mscale(4.0, "1"), TypeError, r"mscale must be a finite number >= 0, got str '1'"),
+    # yarn_correction_range(beta_fast, beta_slow, dim, base, original_max_position_embeddings, truncate)
+    (lambda: yarn_correction_range(32, 1, 64, 1e4, 0), ValueError, r"original_max_position_embeddings must be >= 1, got 0"),
+    (lambda: yarn_correction_range(32, 1, 64, 1e4, 4096.0), TypeError, r"original_max_position_embeddings must be an int"),
+    (lambda: yarn_correction_range(0, 1, 64, 1e4, 4096), ValueError, r"beta_fast must be a finite number > 0, got 0"),
+    (lambda: yarn_correction_range(32, -1, 64, 1e4, 4096), ValueError, r"beta_slow must be a finite number > 0, got -1"),
+    (lambda: yarn_correction_range(32, NAN, 64, 1e4, 4096), ValueError, r"beta_slow must be a finite number > 0, got nan"),
+    (lambda: yarn_correction_range("32", 1, 64, 1e4, 4096), TypeError, r"beta_fast must be a finite number > 0, got str"),
+    (lambda: yarn_correction_range(1, 32, 64, 1e4, 4096), ValueError, r"beta_fast must be >= beta_slow.*beta_fast=1 and beta_slow=32"),
+    (lambda: yarn_correction_range(32, 1, 0, 1e4, 4096), ValueError, r"dim must be >= 2, got 0"),
+    (lambda: yarn_correction_range(32, 1, 63, 1e4, 4096), ValueError, r"dim must be an even int >= 2.*got 63"),
+    (lambda: yarn_correction_range(32, 1, 64.0, 1e4, 4096), TypeError, r"dim must be an int, got float"),
+    (lambda: yarn_correction_range(32, 1, 64, 1e4, 4096, "no"), TypeError, r"truncate must be a bool .*got str 'no'"),
+    (lambda: yarn_correction_range(32, 1, 64, 1e4, 4096, 1), TypeError, r"truncate must be a bool .*got int 1"),
+    # proportional_rope_angles(head_dim, partial_rotary_factor): an even head_dim >= 2, a factor in [0, 1]
+    (lambda: proportional_rope_angles(8, -0.5), ValueError, r"partial_rotary_factor must be a finite number >= 0, got -0.5"),
+    (lambda: proportional_rope_angles(8, 1.5), ValueError, r"partial_rotary_factor must lie in \[0, 1\], got 1.5"),
+    (lambda: proportional_rope_angles(8, NAN), ValueError, r"partial_rotary_factor must be a finite number >= 0, got nan"),
+    (lambda: proportional_rope_angles(8, "0.5"), TypeError, r"partial_rotary_factor must be a finite number"),
+    (lambda: proportional_rope_angles("8", 0.5), TypeError, r"head_dim must be an int, got str"),
+    (lambda: proportional_rope_angles(0, 0.5), ValueError, r"head_dim must be >= 2, got 0"),
+    (lambda: proportional_rope_angles(7, 0.5), ValueError, r"head_dim must be an even int >= 2.*got 7"),
+    (lambda: proportional_rope_angles(8.0, 0.5), TypeError, r"head_dim must be an int, got float"),
+])
+def test_scaling_helpers_check_their_arguments(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_scaling_helpers_valid_edges_are_unchanged():
+    """The checks refuse nothing the formulas define: factor 1, the smallest dims, seq_len 0,
+    equal betas, a 0-d integer tensor seq_len of any integer dtype; and the values are the
+    formulas' (written out here in Python floats, the same operations)."""
+    assert ntk_base(1e4, 1.0, 8) == 1e4
+    assert ntk_base(1e4, 4.0, 4) == 1e4 * 4.0 ** (4 / 2)
+    assert ntk_base(1e4, 4, 8) == 1e4 * 4 ** (8 / 6)  # an int factor, as a config may hold it
+    assert dynamic_ntk_base(1e4, 2.0, 8, 0, 16) == 1e4  # n = max(0, M) = M: plain RoPE
+    assert dynamic_ntk_base(1e4, 2.0, 8, 16, 16) == 1e4
+    assert dynamic_ntk_base(1e4, 2.0, 8, 32, 16) == 1e4 * ((2.0 * 32 / 16) - (2.0 - 1)) ** (8 / 6)
+    assert dynamic_ntk_base(1e4, 2.0, 8, np.int64(32), 16) == dynamic_ntk_base(1e4, 2.0, 8, 32, 16)
+    for dtype in (torch.int64, torch.int32):
+        n = torch.tensor(32, dtype=dtype)
+        want = 1e4 * ((2.0 * torch.maximum(n, torch.tensor(16, dtype=dtype)) / 16) - 1.0) ** (8 / 6)
+        got = dynamic_ntk_base(1e4, 2.0, 8, n, 16)
+        assert isinstance(got, torch.Tensor) and torch.equal(got, want)
+    assert float(dynamic_ntk_base(1e4, 2.0, 8, torch.tensor(0), 16)) == 1e4
+    assert yarn_get_mscale(1.0) == 1.0 and yarn_get_mscale(0.5) == 1.0
+    assert yarn_get_mscale(4.0, 0.0) == 1.0  # mscale 0: 0.1 * 0 * ln 4 + 1
+    assert yarn_get_mscale(4, 1) == 0.1 * 1 * math.log(4) + 1.0
+    # equal betas are allowed (the ramp gets width 0.001 in the method): low = floor, high = ceil
+    idx = 64 * math.log(4096 / (4 * 2 * math.pi)) / (2 * math.log(1e4))
+    assert yarn_correction_range(4.0, 4.0, 64, 1e4, 4096) == (math.floor(idx), math.ceil(idx))
+    assert yarn_correction_range(4.0, 4.0, 64, 1e4, 4096, False) == (idx, idx)
+    assert yarn_correction_range(32, 1, 2, 1e4, 1) == (0, 0)  # the smallest dim and length: clamped
+    assert proportional_rope_angles(2, 1.0) == 1 and proportional_rope_angles(2, 0.0) == 0
+    assert proportional_rope_angles(100, 0.58) == 28 and proportional_rope_angles(8, 1) == 4
+
+
+def test_a_config_still_reports_its_bad_key_not_the_helper_argument():
+    """The config path validates first and names the dict's key (a ValueError), before any helper
+    sees the value."""
+    with pytest.raises(ValueError, match=r"rope_config\['factor'\] must be a finite number >= 1"):
+        compute_inv_freq({"rope_type": "ntk", "rope_theta": 1e4, "factor": 0.5}, 8)
+    with pytest.raises(ValueError, match=r"rope_config\['truncate'\] must be a bool"):
+        compute_inv_freq({"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0, "original_max_position_embeddings": 16,
+                          "truncate": "no"}, 8)
+    with pytest.raises(ValueError, match=r"rope_config\['beta_fast'\] must be >= rope_config\['beta_slow'\]"):
+        compute_inv_freq({"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0, "original_max_position_embeddings": 16,
+                          "beta_fast": 1.0, "beta_slow": 2.0}, 8)

@@ -475,8 +475,14 @@ def test_sink_cache_rejects_bad_input():
     cache = tf.SinkCache(2, 4, 8)
     assert cache.capacity == 12 and cache.length == 0
     q, k, v = _qkv(lq=3, lk=3)
-    with pytest.raises(IndexError, match=r"layer must be an int in \[0, 2\), got 2"):
+    with pytest.raises(IndexError, match=r"layer must lie in \[0, 2\), got 2"):
         cache.attend(2, q, k, v, ROPES["half"]())
+    with pytest.raises(IndexError, match=r"layer must lie in \[0, 2\), got -1"):
+        cache.attend(-1, q, k, v, ROPES["half"]())
+    for layer, kind in ((True, "bool"), (0.0, "float")):
+        with pytest.raises(TypeError, match=rf"layer must be an int in \[0, 2\), got {kind}"):
+            cache.attend(layer, q, k, v, ROPES["half"]())
+    assert cache.length == 0  # nothing entered the cache
     with pytest.raises(TypeError, match="rope must be a companion.rope.RotaryEmbedding"):
         cache.attend(0, q, k, v, None)
 
@@ -722,3 +728,83 @@ def test_run_trainfree_checks_every_argument_before_loading(monkeypatch, tmp_pat
         tl.run_trainfree(ckpt[0], [1])
     with pytest.raises(TypeError, match="checkpoints must hold paths"):
         tl.run_trainfree([0], [1])
+
+
+# ----------------------------------------------------------------------------- bad input and edge cases (issue 29)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("method", ["rerope", "leaky_rerope", "self_extend"])
+def test_two_region_with_a_value_head_size_unlike_the_queries(method, dtype, impl):
+    """v may have another head size than q and k (valid attention input: out is (.., d_v)); the
+    fused CPU kernel needs one size, so this takes the explicit path. Checked against the dense
+    float64 formula, with grouped-query heads, for both settings of USE_FLASH."""
+    rope = ROPES["partial"]()
+    q, k, _ = _qkv(lq=20, lk=26)
+    v = torch.randn(2, 2, 26, 5, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    want = dense_relative(q, k, v, rope, rel_matrix(method, 20, 26, w=4, leak=4.0, group=3))
+    got = tf.two_region_attention(q.to(dtype), k.to(dtype), v.to(dtype), rope, _mode(method, 4), chunk=6)
+    assert got.shape == (2, 4, 20, 5) and got.dtype == dtype
+    tol = TOL64 if dtype == torch.float64 else 1e-4
+    assert (got.double() - want).abs().max().item() < tol
+
+
+def test_sinks_with_a_value_head_size_unlike_the_queries(impl):
+    """The same for the sink cache and sink_attention with a past (the fused path needs one head
+    size): the chunked dense definition, with v of head size 5 for q and k of 16."""
+    rope = ROPES["interleaved"]()
+    q, k, _ = _qkv(lq=24, lk=24)
+    v = torch.randn(2, 2, 24, 5, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    want = streaming_chunks(q, k, v, rope, 2, 6, 5)
+    got, _ = run_cache(q, k, v, rope, 2, 6, 5)
+    assert got.shape == (2, 4, 24, 5)
+    assert (got - want).abs().max().item() < TOL64
+    pos = torch.arange(12)
+    out = tf.sink_attention(q[:, :, 6:12], k[:, :, 6:12], v[:, :, 6:12], rope, positions=pos[6:],
+                            past_k=k[:, :, :6], past_v=v[:, :, :6], past_pos=pos[:6])
+    full = attention(q[:, :, :12], k[:, :, :12], v[:, :, :12], rope, causal=True)[:, :, 6:]  # nothing evicted
+    assert (out - full).abs().max().item() < TOL64
+
+
+def test_sink_cache_cached_positions_checks_the_layer():
+    cache = tf.SinkCache(2, 1, 2)
+    for layer in (-1, 2, 5):
+        with pytest.raises(IndexError, match=rf"layer must lie in \[0, 2\), got {layer}"):
+            cache.cached_positions(layer)
+    for layer, kind in ((True, "bool"), (0.0, "float"), ("0", "str"), (None, "NoneType")):
+        with pytest.raises(TypeError, match=rf"layer must be an int in \[0, 2\), got {kind}"):
+            cache.cached_positions(layer)
+    assert cache.cached_positions(1).tolist() == [] and cache.cached_positions().dtype == torch.int64
+    q, k, v = _qkv(b=1, lq=4, lk=4)
+    cache.attend(1, q, k, v, ROPES["half"]())
+    assert cache.cached_positions(1).tolist() == [0, 2, 3] and cache.cached_positions(0).tolist() == []
+
+
+def test_sink_cache_first_chunk_with_fewer_queries_than_keys():
+    """The audit's case: a first chunk of 4 keys with the queries of its last 2 tokens. Valid and
+    documented (q holds the queries of the chunk's *last* C_q tokens): token 2 sees keys 0..2,
+    token 3 keys 0..3, rotated at their index; the cache then keeps the sink and the window."""
+    rope = ROPES["half"]()
+    q, k, v = _qkv(b=1, h=2, hk=2, lq=4, lk=4, d=16)
+    cache = tf.SinkCache(1, 1, 2)
+    got = cache.attend(0, q[:, :, :2], k, v, rope)
+    # independent: rows 2 and 3 of the dense causal formula, with the given queries in those rows
+    qq = torch.cat((torch.zeros_like(q[:, :, :2]), q[:, :, :2]), dim=2)
+    rel = (torch.arange(4.0)[:, None] - torch.arange(4.0)[None, :])
+    want = dense_relative(qq, k, v, rope, rel)[:, :, 2:]
+    assert got.shape == (1, 2, 2, 16)
+    assert (got - want).abs().max().item() < TOL64
+    assert cache.cached_positions(0).tolist() == [0, 2, 3] and cache.length == 4
+
+
+def test_stream_nll_refuses_a_lab_model():
+    torch.manual_seed(0)
+    lab = TinyDecoder(256, 16, 2, 1, scheme=RotaryEmbedding(8)).eval()
+    ids = torch.randint(0, 256, (1, 12))
+    with pytest.raises(TypeError, match=r"model must be a companion\.llama\.LlamaModel, got TinyDecoder; "
+                                        r"for the lab's TinyDecoder use companion\.lab\.trainfree_lab\.lab_stream_nll"):
+        tf.stream_nll(lab, ids)
+    with pytest.raises(TypeError, match=r"model must be a companion\.llama\.LlamaModel, got str$"):
+        tf.stream_nll("model", ids)
+    # the lab's own stream evaluation takes it
+    assert tl.lab_stream_nll(lab, ids, 4, 16, 4).shape == (1, 11)
