@@ -16,6 +16,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -449,12 +450,14 @@ def test_train_learns_checkpoints_and_resumes(stdlib, tmp_path):
     assert ckpt["log"] == record["log"]
 
     # Same path and config: resumes at step 30, so no step runs and nothing changes.
+    t0 = time.perf_counter()
     again, record2 = train(cfg, stdlib, checkpoint=path, log_every=1, progress=False)
+    resume_wall = time.perf_counter() - t0
     assert record2["log"] == record["log"]
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), again.parameters()))
-    # the resumed record keeps the training time the checkpoint had spent (a run that
-    # resumes at its last step adds only the loop's overhead, far below the 30 steps' time)
-    assert record["seconds"] <= record2["seconds"] < record["seconds"] + 0.5
+    # the resumed record keeps the training time the checkpoint had spent, and adds no more
+    # than the resumed call itself took (structural: no bound on the machine's speed)
+    assert record["seconds"] <= record2["seconds"] <= record["seconds"] + resume_wall
     assert torch.load(path, map_location="cpu", weights_only=True)["step"] == 30
 
     # Seeded: the same config without a checkpoint trains to the same weights bit for bit.

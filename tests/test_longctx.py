@@ -10,6 +10,7 @@ import json
 import math
 import random
 import re
+import time
 
 import numpy as np
 import pytest
@@ -324,6 +325,17 @@ def test_token_stream_info(stream):
     assert info["files"]["val"] > 0 and "split" in info
 
 
+def assert_pass_seconds(rows, methods, wall):
+    # every bucket of a pass carries that pass's time (rounded to 0.01 s); the passes ran one
+    # after another inside the call, so their times add up to at most its wall time
+    per_pass = {}
+    for r in rows:
+        assert isinstance(r["seconds"], float) and r["seconds"] >= 0
+        assert per_pass.setdefault(r["method"], r["seconds"]) == r["seconds"], r
+    assert list(per_pass) == list(methods)
+    assert sum(per_pass.values()) <= wall + 0.005 * len(methods)
+
+
 @needs_model
 def test_evaluate_window_rows_restore_and_causality(model, model64, stream):
     ids = longctx.window(stream[0], 3, 256)
@@ -331,15 +343,17 @@ def test_evaluate_window_rows_restore_and_causality(model, model64, stream):
     messages = []
     # yarn last: the restore check below must see a config that changes the tables
     methods = ["none", "dynamic", "yarn"]
+    t0 = time.perf_counter()
     rows = longctx.evaluate_window(model, ids, methods, bucket=64, window_index=3, window_start=768,
                                    progress=messages.append)
+    wall = time.perf_counter() - t0
     assert len(rows) == 3 * 4 and len(messages) == 3
     assert [m.split(":")[0] for m in messages] == [f"window 3 {m}" for m in methods]
     for r in rows:
         assert set(r) == set(longctx.PPL_FIELDS)
         assert (r["window"], r["window_start"], r["tokens"]) == (3, 768, 256)
         assert json.loads(r["rope_config"]) == longctx.method_config(r["method"], 2.0, NATIVE, BASE)
-        assert r["seconds"] >= 0
+    assert_pass_seconds(rows, methods, wall)
     assert [(r["bucket_start"], r["bucket_end"], r["count"]) for r in _by_bucket(rows, "none")] == [
         (0, 64, 63), (64, 128, 64), (128, 192, 64), (192, 256, 64)]
 
@@ -697,11 +711,14 @@ def test_evaluate_window_trainfree_rows(model, stream):
     ids = longctx.window(stream[0], 2, 128)
     params = {"rerope_window": 32, "se_window": 32, "se_group": 2, "sink_window": 48, "chunk": 16}
     methods = ["rerope", "sinks"]
+    t0 = time.perf_counter()
     rows = longctx.evaluate_window(model, ids, methods, bucket=64, window_index=2, window_start=256,
                                    trainfree=params)
+    wall = time.perf_counter() - t0
     assert len(rows) == 2 * 2
+    assert_pass_seconds(rows, methods, wall)
     for r in rows:
-        assert set(r) == set(longctx.PPL_FIELDS) and r["seconds"] >= 0
+        assert set(r) == set(longctx.PPL_FIELDS)
         assert json.loads(r["rope_config"]) == longctx.trainfree_config(r["method"], params)
     # the rows are the bucketed losses of the documented passes (same float32 computations)
     with model.attention_mode(ReRoPE(32)):

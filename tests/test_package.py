@@ -80,6 +80,36 @@ def test_package_page_examples_run():
     namespace: dict = {}
     for block in blocks:
         exec(compile(block, "book/package.md", "exec"), namespace)  # noqa: S102
+    # What the page's comments promise, checked on the namespace the blocks leave behind.
+    import math
+
+    import torch
+
+    from companion.llama import LlamaModel
+    from companion.trainfree import ReRoPE
+
+    ns = namespace
+    q, k = ns["q"], ns["k"]
+    assert ns["cos"].shape == ns["sin"].shape == (16, 16) and ns["cos"].dtype == torch.float32
+    assert ns["q_rot"].shape == q.shape and ns["k_rot"].shape == k.shape
+    inv_freq, factor = ns["inv_freq"], ns["attention_factor"]
+    assert inv_freq.shape == (64,) and inv_freq.dtype == torch.float32
+    assert math.isclose(factor, 0.1 * math.log(4.0) + 1.0, rel_tol=1e-12) and f"{factor:.4f}" == "1.1386"
+    assert torch.equal(ns["rope"].inv_freq, inv_freq) and ns["rope"].attention_scaling == factor
+    model, ids = ns["model"], ns["ids"]
+    assert isinstance(model, LlamaModel) and ids.shape[0] == 1
+    assert isinstance(ns["text"], str) and ns["text"].startswith("def add(a, b):")
+    # "ids this short are all neighbours: plain RoPE": the Self-Extend loss is the plain loss
+    # (the YaRN config installed above stays on the model in both), up to the float32
+    # rounding of two attention paths; a method that does move positions is far off
+    nll, plain = ns["nll"], model.token_nll(ids)
+    assert nll.shape == plain.shape == (1, ids.shape[1] - 1) and bool(torch.isfinite(nll).all())
+    torch.testing.assert_close(nll, plain, rtol=0, atol=1e-4)
+    with model.attention_mode(ReRoPE(window=2)):
+        assert float((model.token_nll(ids) - plain).abs().max()) > 1e-2
+    assert ns["mpos"].shape == (7, 3) and ns["delta"].shape == ()
+    hybrid = ns["hybrid"]
+    assert [type(block.attn.scheme).__name__ for block in hybrid.blocks] == ["RotaryEmbedding", "NoPE"] * 2
 
 
 def test_conventions_page_examples_run(capsys):
