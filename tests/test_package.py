@@ -123,3 +123,16 @@ def test_conventions_page_examples_run(capsys):
         exec(compile(block, "book/conventions.md", "exec"), namespace)  # noqa: S102
         out = capsys.readouterr().out
         assert out == printed, block
+
+
+def test_the_wheel_ships_the_typed_marker(tmp_path):
+    """`py.typed` (PEP 561) is in the built wheel, not only in the source tree."""
+    import zipfile
+
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "--disable-pip-version-check", "-w", str(tmp_path), str(ROOT)],
+                   check=True, capture_output=True, text=True)
+    (wheel,) = tmp_path.glob("pe_companion-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "companion/py.typed" in names
+    assert "companion/lab/__main__.py" in names and not any(n.startswith("tests/") for n in names)
