@@ -49,17 +49,57 @@ from .sweep import EvalConfig, check_eval_config, checkpoint_path, evaluate_mode
 from .train import TrainConfig, load_checkpoint, train
 
 
+#: What each config field means, for ``--help`` (every field of TrainConfig, EvalConfig and
+#: ExtendConfig is an option; tests/test_cli_help.py checks that each has a line here).
+FIELD_HELP = {
+    # TrainConfig
+    "scheme": "position scheme: a built-in name or package.module:ClassName",
+    "seed": "random seed of the initialisation and the data order",
+    "d_model": "model width",
+    "n_heads": "attention heads per layer",
+    "n_layers": "decoder layers",
+    "seq_len": "training length in bytes (the evaluations' lengths are multiples of it)",
+    "max_len": "longest sequence the model is built for (learned tables have this many rows)",
+    "batch_size": "windows per training step",
+    "steps": "training steps",
+    "lr": "peak learning rate (AdamW; linear warm-up, then cosine decay)",
+    "min_lr_ratio": "final learning rate as a fraction of the peak",
+    "warmup": "linear warm-up steps",
+    "weight_decay": "AdamW weight decay",
+    "grad_clip": "gradient-norm clip",
+    "retrieval_fraction": "probability that a training window carries a key and its later queries to copy",
+    "retrieval_queries": "queries of the key per such window",
+    "dtype": "parameter dtype: float32 or float64",
+    # EvalConfig and ExtendConfig
+    "multiples": "evaluation lengths, as multiples of seq_len",
+    "windows": "evaluation windows per length (their last 64 bytes are the tail metric)",
+    "blocks": "blocks of neighbouring windows, the units a confidence interval resamples",
+    "sliding_tokens": "bytes scored per length by the sliding window",
+    "passkey_multiples": "passkey lengths, as multiples of seq_len",
+    "passkey_depths": "where the key sits: 0 = at the start of the window, 1 = just before the query",
+    "passkey_trials": "passkey trials per (length, depth) cell",
+    "entropy_windows": "windows whose attention entropy is measured per length",
+    "beyond": "extension only: the factor of the extra 'beyond' evaluation, relative to the target length",
+    "beyond_steps": "extension only: fine-tune lengths that also get the 'beyond' evaluation",
+    "finetune_lr": "extension only: learning rate of the short fine-tune at the target length",
+    "search_tokens": "extension only: bytes LongRoPE's factor search scores each candidate on",
+    "search_seeds": "extension only: independent LongRoPE searches per model (the spread is reported)",
+}
+
+
 def _add_dataclass_options(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
     for f in fields(cls):
         if f.name in skip:
             continue
         default = getattr(cls(), f.name)
         flag = "--" + f.name.replace("_", "-")
+        meaning = FIELD_HELP.get(f.name, f.name.replace("_", " "))
         if isinstance(default, list):
             kind = type(default[0]) if default else int
-            parser.add_argument(flag, type=kind, nargs="+", default=None, help=f"default {default}")
+            parser.add_argument(flag, type=kind, nargs="+", default=None,
+                                help=f"{meaning} (default: {' '.join(map(str, default))})")
         else:
-            parser.add_argument(flag, type=type(default), default=None, help=f"default {default!r}")
+            parser.add_argument(flag, type=type(default), default=None, help=f"{meaning} (default: {default})")
 
 
 def _picked(ns: argparse.Namespace, cls: type, skip: tuple[str, ...] = ()) -> dict:
@@ -236,59 +276,71 @@ def main(argv: list[str] | None = None) -> int:
     p_train = sub.add_parser("train", help="train one scheme and seed, then evaluate it")
     _add_dataclass_options(p_train, TrainConfig)
     _add_dataclass_options(p_train, EvalConfig)
-    p_train.add_argument("--checkpoint", default=None, help="where to save (and resume) the checkpoint")
-    p_train.add_argument("--out", default=None, help="JSON file for the record and evaluations")
-    p_train.add_argument("--no-eval", action="store_true", help="train only")
-    p_train.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
+    p_train.add_argument("--checkpoint", default=None,
+                         help="where to save (and resume) the checkpoint (default: none, not saved)")
+    p_train.add_argument("--out", default=None,
+                         help="JSON file for the record and evaluations (default: none, printed only)")
+    p_train.add_argument("--no-eval", action="store_true", help="train only, no evaluation (default: evaluate)")
+    p_train.add_argument("--threads", type=int, default=1, help="torch threads per process (default: 1)")
 
     p_eval = sub.add_parser("eval", help="evaluate a saved checkpoint")
-    p_eval.add_argument("--checkpoint", required=True)
-    p_eval.add_argument("--out", default=None)
-    p_eval.add_argument("--threads", type=int, default=1)
+    p_eval.add_argument("--checkpoint", required=True, help="a checkpoint written by train or sweep (required)")
+    p_eval.add_argument("--out", default=None, help="JSON file for the evaluations (default: none, printed only)")
+    p_eval.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     _add_dataclass_options(p_eval, EvalConfig)
 
     p_sweep = sub.add_parser("sweep", help="train and evaluate several schemes and seeds")
     p_sweep.add_argument("--schemes", nargs="+", default=["all"],
-                         help=f"built-in names {list(BUILTIN)}, 'all', or package.module:ClassName")
-    p_sweep.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+                         help=f"built-in names {list(BUILTIN)}, 'all', or package.module:ClassName (default: all)")
+    p_sweep.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="seeds of every scheme (default: 0 1)")
     p_sweep.add_argument("--seeds-per-scheme", nargs="+", default=[], metavar="SCHEME=N",
-                         help="run SCHEME with seeds 0 .. N-1 instead of --seeds (for example shaw=3)")
-    p_sweep.add_argument("--workers", type=int, default=2)
-    p_sweep.add_argument("--checkpoint-dir", default="runs/lab")
-    p_sweep.add_argument("--out", default=None)
+                         help="run SCHEME with seeds 0 .. N-1 instead of --seeds, for example shaw=3 (default: none)")
+    p_sweep.add_argument("--workers", type=int, default=2, help="worker processes, one job each (default: 2)")
+    p_sweep.add_argument("--checkpoint-dir", default="runs/lab",
+                         help="where checkpoints are kept and reused (default: runs/lab)")
+    p_sweep.add_argument("--out", default=None, help="JSON file of the sweep (default: none, printed only)")
     _add_dataclass_options(p_sweep, TrainConfig, skip=("scheme", "seed"))
     _add_dataclass_options(p_sweep, EvalConfig)
 
     p_ext = sub.add_parser("extend", help="extend a trained RoPE model with each scaling method (chapter 9)")
     p_ext.add_argument("--seeds", type=int, nargs="+", default=[0, 1],
-                       help="RoPE models of these seeds (trained first if their checkpoint is missing)")
-    p_ext.add_argument("--checkpoint-dir", default="runs/lab")
-    p_ext.add_argument("--methods", nargs="+", default=["all"], help=f"{list(METHODS)} or 'all'")
-    p_ext.add_argument("--factors", type=float, nargs="+", default=[2.0, 4.0, 8.0])
-    p_ext.add_argument("--finetune-steps", type=int, nargs="+", default=[0, 200])
+                       help="RoPE models of these seeds, trained first if their checkpoint is missing (default: 0 1)")
+    p_ext.add_argument("--checkpoint-dir", default="runs/lab",
+                       help="where checkpoints are kept and reused (default: runs/lab)")
+    p_ext.add_argument("--methods", nargs="+", default=["all"], help=f"{list(METHODS)} or 'all' (default: all)")
+    p_ext.add_argument("--factors", type=float, nargs="+", default=[2.0, 4.0, 8.0],
+                       help="scaling factors s: target lengths s * seq_len (default: 2 4 8)")
+    p_ext.add_argument("--finetune-steps", type=int, nargs="+", default=[0, 200],
+                       help="fine-tune lengths at the target length, 0 = training-free (default: 0 200)")
     p_ext.add_argument("--finetune-methods", nargs="+", default=None,
                        help="methods fine-tuned at --finetune-steps > 0 (default: --methods)")
     p_ext.add_argument("--finetune-seeds", type=int, nargs="+", default=None,
                        help="seeds whose models get the --finetune-steps jobs (default: --seeds)")
     p_ext.add_argument("--extra-steps", type=int, nargs="+", default=[],
-                       help="more fine-tune lengths, run only at --extra-factors for --extra-methods")
-    p_ext.add_argument("--extra-factors", type=float, nargs="+", default=None, help="default [4.0]")
-    p_ext.add_argument("--extra-methods", nargs="+", default=None, help="default: --methods")
-    p_ext.add_argument("--workers", type=int, default=2)
-    p_ext.add_argument("--out", required=True, help="CSV file of the measurements (with provenance)")
-    p_ext.add_argument("--json", default=None, help="JSON file for the LongRoPE searches and fine-tune logs")
+                       help="more fine-tune lengths, run only at --extra-factors for --extra-methods (default: none)")
+    p_ext.add_argument("--extra-factors", type=float, nargs="+", default=None,
+                       help="factors of the --extra-steps jobs (default: 4)")
+    p_ext.add_argument("--extra-methods", nargs="+", default=None,
+                       help="methods of the --extra-steps jobs (default: --methods)")
+    p_ext.add_argument("--workers", type=int, default=2, help="worker processes, one job each (default: 2)")
+    p_ext.add_argument("--out", required=True, help="CSV file of the measurements, with provenance (required)")
+    p_ext.add_argument("--json", default=None, help="JSON file for the LongRoPE searches and fine-tune logs (default: none)")
     _add_dataclass_options(p_ext, TrainConfig, skip=("scheme", "seed"))
     _add_dataclass_options(p_ext, ExtendConfig)
 
     p_tf = sub.add_parser("trainfree", help="training-free extension of the trained RoPE models (chapter 11)")
     p_tf.add_argument("--seeds", type=int, nargs="+", default=[0, 1],
-                      help="RoPE models of these seeds (trained first if their checkpoint is missing)")
-    p_tf.add_argument("--checkpoint-dir", default="runs/lab")
-    p_tf.add_argument("--methods", nargs="+", default=["all"], help="names of companion.lab.trainfree_lab.LAB_TRAINFREE or 'all'")
-    p_tf.add_argument("--multiples", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    p_tf.add_argument("--windows", type=int, default=2048, help="windows per length (each scores its last 64 bytes)")
-    p_tf.add_argument("--workers", type=int, default=2)
-    p_tf.add_argument("--out", required=True, help="JSON file of the results (with provenance)")
+                      help="RoPE models of these seeds, trained first if their checkpoint is missing (default: 0 1)")
+    p_tf.add_argument("--checkpoint-dir", default="runs/lab",
+                      help="where checkpoints are kept and reused (default: runs/lab)")
+    p_tf.add_argument("--methods", nargs="+", default=["all"],
+                      help="names of companion.lab.trainfree_lab.LAB_TRAINFREE or 'all' (default: all)")
+    p_tf.add_argument("--multiples", type=int, nargs="+", default=[1, 2, 4, 8, 16],
+                      help="evaluation lengths, as multiples of seq_len (default: 1 2 4 8 16)")
+    p_tf.add_argument("--windows", type=int, default=2048,
+                      help="windows per length, each scoring its last 64 bytes (default: 2048)")
+    p_tf.add_argument("--workers", type=int, default=2, help="worker processes, one job each (default: 2)")
+    p_tf.add_argument("--out", required=True, help="JSON file of the results, with provenance (required)")
     _add_dataclass_options(p_tf, TrainConfig, skip=("scheme", "seed"))
 
     ns = parser.parse_args(argv)

@@ -486,12 +486,14 @@ def main(argv: list[str] | None = None) -> int:
     scheme or rate, an ``--out`` that is an existing folder) is the parser's usage error
     (exit status 2) naming the flag."""
     p = argparse.ArgumentParser(prog="python -m companion.lab.counting", description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, help="result JSON path")
-    p.add_argument("--schemes", nargs="+", default=["cope", "rope", "nope", "alibi"], choices=list(SCHEMES))
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    p.add_argument("--lrs", nargs="+", type=float, default=[3e-3, 1e-2])
-    p.add_argument("--steps", type=int, default=800)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", required=True, help="result JSON path (required)")
+    p.add_argument("--schemes", nargs="+", default=["cope", "rope", "nope", "alibi"], choices=list(SCHEMES),
+                   help="position schemes to train (default: cope rope nope alibi)")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="seeds of every scheme (default: 0 1)")
+    p.add_argument("--lrs", nargs="+", type=float, default=[3e-3, 1e-2],
+                   help="peak learning rates, each a separate run (default: 0.003 0.01)")
+    p.add_argument("--steps", type=int, default=800, help="training steps per run (default: 800)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     ns = p.parse_args(argv)
     _check_flags(p, ns)
     torch.set_num_threads(ns.threads)

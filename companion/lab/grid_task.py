@@ -760,14 +760,18 @@ def main(argv: list[str] | None = None) -> int:
     ``--eval-size 0``, a repeated scheme, an ``--out`` that is an existing folder) is the
     parser's usage error (exit status 2) naming the flag."""
     p = argparse.ArgumentParser(prog="python -m companion.lab.grid_task", description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, help="result JSON path")
-    p.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=list(SCHEMES))
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--steps", type=int, default=STEPS)
-    p.add_argument("--grids", nargs="+", type=int, default=list(GRIDS))
-    p.add_argument("--eval-size", type=int, default=TrainSettings().eval_size)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--skip-reduced", action="store_true", help="do not run and store the notebook's reduced run")
+    p.add_argument("--out", required=True, help="result JSON path (required)")
+    p.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=list(SCHEMES),
+                   help="position schemes to train (default: all of them)")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds of every scheme (default: 0 1 2)")
+    p.add_argument("--steps", type=int, default=STEPS, help=f"training steps per run (default: {STEPS})")
+    p.add_argument("--grids", nargs="+", type=int, default=list(GRIDS),
+                   help=f"grid sides evaluated; the first is the training grid (default: {' '.join(map(str, GRIDS))})")
+    p.add_argument("--eval-size", type=int, default=TrainSettings().eval_size,
+                   help=f"held-out grids per grid size (default: {TrainSettings().eval_size})")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
+    p.add_argument("--skip-reduced", action="store_true",
+                   help="do not run and store the notebook's reduced run (default: run it)")
     ns = p.parse_args(argv)
     _check_flags(p, ns)
     torch.set_num_threads(ns.threads)
