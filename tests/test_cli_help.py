@@ -77,3 +77,22 @@ def test_every_config_field_has_a_meaning():
     names = {f.name for cls in (TrainConfig, EvalConfig, ExtendConfig) for f in fields(cls)}
     assert names <= set(lab_main.FIELD_HELP), sorted(names - set(lab_main.FIELD_HELP))
     assert set(lab_main.FIELD_HELP) <= names, sorted(set(lab_main.FIELD_HELP) - names)
+
+
+def test_a_sweep_ends_with_its_results_table():
+    from pathlib import Path
+
+    import numpy as np
+
+    from companion.utils import load_result
+
+    data = load_result(Path(__file__).resolve().parents[1] / "chapters" / "data" / "08_sweep" / "rope-alibi.json")["data"]
+    lines = lab_main.results_table(data).splitlines()
+    assert lines[1].split()[:2] == ["scheme", "seeds"] and lines[1].split()[2:] == ["1x", "2x", "4x", "8x", "16x"]
+    rows = {line.split()[0]: line for line in lines[2:]}
+    assert set(rows) == {"rope", "alibi"}
+    for scheme, line in rows.items():
+        runs = [r for r in data["runs"] if r["config"]["scheme"] == scheme]
+        tails = np.array([[r["eval"]["bpb"][str(w)]["tail"] for w in (128, 256, 512, 1024, 2048)] for r in runs])
+        assert line.split()[1] == str(len(runs))
+        assert [float(x) for x in line.split()[2::2]] == [round(float(v), 3) for v in tails.mean(0)]

@@ -416,8 +416,25 @@ def main(argv: list[str] | None = None) -> int:
         configs, ev = _check_sweep(p, ns)
         result = run_sweep(configs, ev, out=ns.out, workers=ns.workers,
                            checkpoint_dir=ns.checkpoint_dir, command=command)
-        print(f"sweep: {len(configs)} runs in {result['wall_seconds']:.0f} s")
+        print(f"sweep: {len(configs)} runs in {result['wall_seconds']:.0f} s" + (f" -> {ns.out}" if ns.out else ""))
+        print(results_table(result))
     return 0
+
+
+def results_table(sweep: dict) -> str:
+    """The sweep's tail bits per byte, scheme by length (the mean of the seeds, and their
+    range where there are several): what a run prints at its end."""
+    from .results import Sweep
+
+    sw = Sweep(sweep)
+    head = f"{'scheme':>14} {'seeds':>5}  " + "  ".join(f"{f'{m}x':>18}" for m in sw.multiples)
+    lines = ["tail bits per byte (last 64 positions of each window), mean of the seeds [min, max]", head]
+    for s in sw.schemes:
+        c = sw.curve(s, "tail")
+        cells = [f"{c[:, i].mean():5.3f}" + (f" [{c[:, i].min():.2f},{c[:, i].max():.2f}]" if len(c) > 1 else "")
+                 for i in range(c.shape[1])]
+        lines.append(f"{s:>14} {len(c):>5}  " + "  ".join(f"{x:>18}" for x in cells))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
