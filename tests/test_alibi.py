@@ -1,6 +1,7 @@
 """ALiBi slopes and bias, and the blockwise bias attention, against independent references."""
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -10,21 +11,12 @@ from hypothesis import strategies as st
 from companion import PositionScheme, attention
 from companion.alibi import ALIBI_FORMS, ALiBi, alibi_bias, alibi_slopes, bias_attention
 
+from helpers import TableBias, rand_native as rand
+from helpers import qkv as _qkv
+
+qkv = partial(_qkv, b=2, h=4, lq=13, lk=13, d=8)
+
 HEAD_COUNTS = [8, 12, 16, 32, 40]
-
-
-def rand(*shape, dtype=torch.float64, seed=0, requires_grad=False):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=dtype).requires_grad_(requires_grad)
-
-
-def qkv(b=2, h=4, lq=13, lk=13, d=8, hk=None, dtype=torch.float64, requires_grad=False):
-    hk = h if hk is None else hk
-    return (
-        rand(b, h, lq, d, dtype=dtype, seed=1, requires_grad=requires_grad),
-        rand(b, hk, lk, d, dtype=dtype, seed=2, requires_grad=requires_grad),
-        rand(b, hk, lk, d, dtype=dtype, seed=3, requires_grad=requires_grad),
-    )
 
 
 # ----------------------------------------------------------------------------- independent slopes
@@ -176,20 +168,6 @@ def test_slopes_stay_float32_after_module_cast():
 
 
 # ----------------------------------------------------------------------------- blockwise attention
-
-
-class TableBias(PositionScheme):
-    """A T5-like learned bias per (head, clipped relative position)."""
-
-    def __init__(self, heads, max_dist=5, seed=7):
-        super().__init__()
-        self.max_dist = max_dist
-        self.table = torch.nn.Parameter(rand(heads, 2 * max_dist + 1, seed=seed))
-
-    def bias(self, q_pos, k_pos):
-        rel = (k_pos.unsqueeze(-2) - q_pos.unsqueeze(-1)).clamp(-self.max_dist, self.max_dist)
-        out = self.table[:, rel + self.max_dist]
-        return out if rel.dim() == 2 else out.movedim(0, 1)
 
 
 CASES = [  # (lq, lk, block_size): lengths that are and are not multiples of the block

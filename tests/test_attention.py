@@ -1,6 +1,7 @@
 """The scheme protocol and the reference attention, checked against torch's own SDPA."""
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -10,31 +11,18 @@ from hypothesis import strategies as st
 
 from companion import HOOKS, NoPE, PositionScheme, attention, causal_mask
 
+from helpers import TableBias as _TableBias
+from helpers import qkv as _qkv
+from helpers import rand_native as rand
 
-def rand(*shape, dtype=torch.float64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=dtype)
-
-
-def qkv(b=2, h=3, lq=5, lk=5, d=8, dtype=torch.float64, hk=None):
-    hk = h if hk is None else hk
-    return rand(b, h, lq, d, dtype=dtype, seed=1), rand(b, hk, lk, d, dtype=dtype, seed=2), rand(
-        b, hk, lk, d, dtype=dtype, seed=3
-    )
+qkv = partial(_qkv, b=2, h=3, lq=5, lk=5, d=8)
 
 
-class TableBias(PositionScheme):
-    """A test scheme: a learned bias per (head, clipped distance)."""
+class TableBias(_TableBias):
+    """helpers.TableBias with this file's default ``max_dist`` of 4."""
 
     def __init__(self, heads, max_dist=4):
-        super().__init__()
-        self.max_dist = max_dist
-        self.table = torch.nn.Parameter(rand(heads, 2 * max_dist + 1, seed=7))
-
-    def bias(self, q_pos, k_pos):
-        rel = (k_pos.unsqueeze(-2) - q_pos.unsqueeze(-1)).clamp(-self.max_dist, self.max_dist)
-        out = self.table[:, rel + self.max_dist]  # (heads, q, k) or (heads, batch, q, k)
-        return out if rel.dim() == 2 else out.movedim(0, 1)
+        super().__init__(heads, max_dist)
 
 
 class ScoreScheme(PositionScheme):

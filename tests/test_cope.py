@@ -20,14 +20,10 @@ from hypothesis import strategies as st
 from companion.attention import NoPE, attention
 from companion.cope import CoPE, cope_gates, cope_interpolate, cope_positions, cope_score
 from companion.model import TinyDecoder
+from helpers import rand
 
 EPS64 = torch.finfo(torch.float64).eps
 EPS32 = torch.finfo(torch.float32).eps
-
-
-def rand(*shape, seed=0, dtype=torch.float64, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return (scale * torch.randn(*shape, generator=g, dtype=torch.float64)).to(dtype)
 
 
 def naive_cope(q, k, table, q_pos, k_pos, return_positions=False):

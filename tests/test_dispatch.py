@@ -45,6 +45,7 @@ from companion import dispatch
 from companion.dispatch import ATTENTION_PATHS, attention_path, block_size_for, fast_attention
 from companion.lab.schemes import BUILTIN as LAB_SCHEMES
 from companion.lab.schemes import build_scheme
+from helpers import rand
 
 H, D = 4, 8
 
@@ -86,11 +87,6 @@ def make_scheme(cls: type, heads: int = H, head_dim: int = D, seed: int = 0) -> 
 def bound(dtype: torch.dtype, length: int, magnitude: float = 4.0, d: int = D) -> float:
     """The module docstring's ``C (d + 2 L) eps m``."""
     return 8 * (d + 2 * length) * torch.finfo(dtype).eps * magnitude
-
-
-def rand(*shape, dtype=torch.float64, seed=0, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return (scale * torch.randn(*shape, generator=g, dtype=torch.float64)).to(dtype)
 
 
 # Each configuration: (b, lq, lk, kv_heads, causal, mask kind, positions kind); v_dim is D

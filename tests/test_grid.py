@@ -69,15 +69,10 @@ from companion import (
     sinusoidal_2d_table,
 )
 from companion.rope import rope_frequencies
+from helpers import U32, U64, assert_within, hf_inv_freq, hf_rotate_half, pair_index, rotation_tol
+from helpers import rand_f32 as rand
 
-U32 = 2.0**-24
-U64 = 2.0**-53
 EPS32 = torch.finfo(torch.float32).eps
-
-
-def rand(*shape, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
 
 
 def randint(high, shape, seed=0, low=0):
@@ -378,13 +373,6 @@ def test_learned_grid_resized_3d_and_1d():
 # ============================================================================ 5. AxialRoPE
 
 
-def pair_index(layout, r):
-    """Indices of the first and second coordinate of each pair."""
-    if layout == "interleaved":
-        return torch.arange(0, r, 2), torch.arange(1, r, 2)
-    return torch.arange(r // 2), torch.arange(r // 2, r)
-
-
 def complex_rotate(x, angles, layout, r):
     """Rotate ``x (..., seq, D)`` as complex numbers ``z_j = a_j + i b_j`` times
     ``exp(i angles_j)``, in float64; ``angles`` broadcasts to ``(..., seq, r/2)``."""
@@ -395,26 +383,6 @@ def complex_rotate(x, angles, layout, r):
     out[..., ia] = z.real
     out[..., ib] = z.imag
     return out
-
-
-def rotation_tol(x, theta_abs, layout, r, angle_err=0.0):
-    """The module docstring's per-coordinate bound ``(|a| + |b|) U32 (4 Theta + 6)``, plus
-    ``(|a| + |b|) angle_err`` for a known error of the angle itself; zero past ``r``
-    (copied dimensions)."""
-    x = x.double().abs()
-    ia, ib = pair_index(layout, r)
-    per_pair = (x[..., ia] + x[..., ib]) * (U32 * (4 * theta_abs + 6) + angle_err)
-    tol = torch.zeros(*per_pair.shape[:-1], x.shape[-1], dtype=torch.float64)
-    tol[..., ia] = per_pair
-    tol[..., ib] = per_pair
-    return tol
-
-
-def assert_within(got, want, tol):
-    err = (got.detach().double() - want).abs()
-    excess = err - tol
-    assert bool((excess <= 0).all()), (
-        f"max error {float(err.max()):.3e}, worst excess over the bound {float(excess.max()):.3e}")
 
 
 def axial_freqs_ref(r, n_axes, base):
@@ -788,17 +756,6 @@ def test_mixed_rope_head_count():
 
 
 # ============================================================================ 8. MRoPE vs HuggingFace
-
-
-def hf_inv_freq(dim, base):
-    """HuggingFace's default inverse frequencies, float32."""
-    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-
-
-def hf_rotate_half(x):
-    x1 = x[..., : x.shape[-1] // 2]
-    x2 = x[..., x.shape[-1] // 2:]
-    return torch.cat((-x2, x1), dim=-1)
 
 
 def hf_qwen2vl_cos_sin(position_ids, inv_freq, attention_scaling=1.0):

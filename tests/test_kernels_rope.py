@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 
 from companion.kernels import MAX_ROPE_HEAD_DIM, fused_rope, kernel_backend
 from companion.rope import apply_rope, rope_cos_sin, rope_frequencies
+from helpers import U32, U_FP16, assert_within, rotation_tol
+from helpers import rand32 as rand
 
 ROOT = Path(__file__).resolve().parents[1]
 INTERPRETED = kernel_backend(torch.device("cpu")) == "triton-interpreter"
@@ -30,11 +32,6 @@ def _needs_the_interpreter(request):
     dispatch tests run in subprocesses and need neither."""
     if not INTERPRETED and not request.node.name.startswith("test_dispatch"):
         pytest.skip("needs Triton, run with TRITON_INTERPRET=1")
-
-
-def rand(*shape, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g).to(dtype)
 
 
 def tables(n, rotary_dim, base=10000.0):
@@ -155,15 +152,22 @@ def test_backward_equals_autograd_of_apply_rope(layout, head_dim, rotary_dim, dt
         q = rand(batch, 4, seq, head_dim, dtype=dtype, seed=7).requires_grad_()
         k = rand(batch, 2, seq, head_dim, dtype=dtype, seed=8).requires_grad_()
         qo, ko = fn(q, k, cos, sin, layout=layout, rotary_dim=rotary_dim, **kw)
-        dq, dk = torch.autograd.grad((qo, ko), (q, k), (rand(*qo.shape, dtype=dtype, seed=9),
-                                                         rand(*ko.shape, dtype=dtype, seed=10)))
+        upstream = (rand(*qo.shape, dtype=dtype, seed=9), rand(*ko.shape, dtype=dtype, seed=10))
+        dq, dk = torch.autograd.grad((qo, ko), (q, k), upstream)
         grads.append((dq, dk))
-    for a, b in zip(*grads):
+    for a, b, g in zip(*grads, upstream):
         assert a.dtype == dtype
         if dtype == torch.float32:
             assert torch.equal(a, b)
-        else:  # the reference sums the two float32 contributions in another order; one fp16 ulp
-            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+        else:
+            # Each side rotates the upstream pair (g_a, g_b) back in float32 (two products and a
+            # sum, in another order): the float32 results x, y are each within
+            # 2 U32 (|g_a| + |g_b|) of the exact product, 4 U32 (|g_a| + |g_b|) apart; rounding
+            # each to fp16 adds U_FP16 |x| + U_FP16 |y| <= U_FP16 (1 + 2 U_FP16) (|a| + |b|).
+            r = rotary_dim or head_dim
+            tol = (rotation_tol(g, 0.0, layout, r, u=U32, per_angle=0, const=4)
+                   + U_FP16 * (1 + 2 * U_FP16) * (a.double().abs() + b.double().abs()))
+            assert_within(a, b, tol)
 
 
 def test_backward_is_the_inverse_rotation():
@@ -174,8 +178,13 @@ def test_backward_is_the_inverse_rotation():
     cos, sin = tables(40, 64)
     qo, ko = fused_rope(q, k, cos, sin, offset=7)
     dq, dk = torch.autograd.grad((qo, ko), (q, k), (qo.detach(), ko.detach()))
-    torch.testing.assert_close(dq, q.detach(), rtol=0, atol=2e-6)
-    torch.testing.assert_close(dk, k.detach(), rtol=0, atol=2e-6)
+    # Forward and backward use the same float32 tables c, s: R^T R = (c^2 + s^2) I with
+    # |c^2 + s^2 - 1| <= 4 U32 (each entry within one ulp). Per coordinate of a pair (a, b):
+    # the forward's two products and sum add 2 U32 (|a| + |b|), which R^T carries into
+    # 4 U32 (|a| + |b|); R^T R adds 4 U32 (|a| + |b|); the backward's own roundings
+    # 2 U32 (|a'| + |b'|) <= 2 sqrt(2) U32 (1 + 2 U32) (|a| + |b|). In all < 12 U32 (|a| + |b|).
+    for grad, x in ((dq, q), (dk, k)):
+        assert_within(grad, x, rotation_tol(x, 0.0, "half", 64, u=U32, per_angle=0, const=12))
 
 
 def test_gradient_of_only_q_and_noncontiguous_rows():
@@ -319,7 +328,10 @@ def test_dispatch_on_cpu_without_the_interpreter_uses_the_torch_reference():
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
         o = flash_attention_with_bias(q, k, v, bias="alibi", causal=True)
         r = bias_attention(q, k, v, ALiBi(2).bias, causal=True)
-        assert torch.allclose(o, r, atol=1e-6)
+        # bit-equal: the torch path is bias_attention with alibi_bias(alibi_slopes(2), ...),
+        # the very values ALiBi(2).bias gives, at the same default block size (the diagonal
+        # tile reuse it enables recomputes the same numbers)
+        assert torch.equal(o, r)
         import sys
         print(kernel_backend(q), kernel_backend(q, "attention"), "triton" in sys.modules)
     """)

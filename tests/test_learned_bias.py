@@ -8,6 +8,7 @@ the bound grows with the length of the sums and is derived next to each test.
 """
 
 import math
+from functools import partial
 
 import numpy as np
 import pytest
@@ -19,20 +20,13 @@ from companion import attention, bias_attention
 from companion.blockwise import _is_relative
 from companion.learned_bias import FIRE, KERPLE_FORMS, KerpleBias
 
+from helpers import qkv as _qkv
+from helpers import rand
+
+qkv = partial(_qkv, b=2, h=4, lq=11, lk=11, d=8, requires_grad=True, draw=rand)
+
 EPS64 = torch.finfo(torch.float64).eps
 EPS32 = torch.finfo(torch.float32).eps
-
-
-def rand(*shape, dtype=torch.float64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
-
-
-def qkv(b=2, h=4, lq=11, lk=11, d=8, hk=None, dtype=torch.float64, seed=0):
-    hk = h if hk is None else hk
-    return (rand(b, h, lq, d, dtype=dtype, seed=seed + 1).requires_grad_(),
-            rand(b, hk, lk, d, dtype=dtype, seed=seed + 2).requires_grad_(),
-            rand(b, hk, lk, d, dtype=dtype, seed=seed + 3).requires_grad_())
 
 
 # ============================================================================ independent formulas

@@ -32,6 +32,7 @@ from companion import (
     grid_positions,
 )
 from companion.dispatch import attention_path
+from helpers import rand
 
 H, D = 2, 8
 
@@ -46,11 +47,6 @@ FLOAT_KEEP = (r"attn_mask is a float mask holding only 0.0 and 1.0, which looks 
 def hf_message(b, lq, lk):
     return (rf"attn_mask has shape \({b}, {lk}\) = \(batch, k_len\), which looks like a HuggingFace "
             rf"padding mask.*read as \(q_len, k_len\) = \({lq}, {lk}\); pass attn_mask\[:, None, None, :\]")
-
-
-def rand(*shape, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=torch.float64)
 
 
 def qkv(b, lq, lk=None, seed=0):

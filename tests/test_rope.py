@@ -28,40 +28,12 @@ from companion.rope import (
     rope_rotate,
     rotate_half,
 )
-
-
-def rand(*shape, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+from helpers import (U32, U64, assert_within, attention_out_bound, hf_apply, hf_cos_sin, hf_inv_freq, hf_rotate_half,
+                     pow_bound, rotation_tol)
+from helpers import rand_f32 as rand
 
 
 # ----------------------------------------------------------------------------- reference transcriptions
-
-
-def hf_inv_freq(dim, base=10000.0):
-    """HuggingFace _compute_default_rope_parameters / Meta precompute_freqs_cis."""
-    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-
-
-def hf_cos_sin(position_ids, inv_freq, attention_scaling=1.0):
-    """HuggingFace LlamaRotaryEmbedding.forward: full-width tables cat(freqs, freqs), float32."""
-    inv = inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1)
-    pos = position_ids[:, None, :].float()
-    freqs = (inv @ pos).transpose(1, 2)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos() * attention_scaling, emb.sin() * attention_scaling
-
-
-def hf_rotate_half(x):
-    x1 = x[..., : x.shape[-1] // 2]
-    x2 = x[..., x.shape[-1] // 2 :]
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def hf_apply(q, k, cos, sin):
-    """HuggingFace apply_rotary_pos_emb with unsqueeze_dim=1."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return q * cos + hf_rotate_half(q) * sin, k * cos + hf_rotate_half(k) * sin
 
 
 def meta_freqs_cis(dim, end, theta=10000.0):
@@ -139,7 +111,7 @@ def test_frequencies_match_hf_bitwise(dim, base):
     assert ours.dtype == torch.float32 and ours.shape == (dim // 2,)
     assert torch.equal(ours, hf_inv_freq(dim, base))
     exact = base ** (-np.arange(0, dim, 2) / dim)
-    np.testing.assert_allclose(ours.numpy(), exact, rtol=4e-7)
+    np.testing.assert_allclose(ours.numpy(), exact, rtol=pow_bound(base), atol=0)  # helpers.pow_bound
 
 
 def test_cos_sin_match_hf_tables_bitwise():
@@ -159,11 +131,12 @@ def test_cos_sin_match_meta_polar():
     cos, sin = rope_cos_sin(300, rope_frequencies(128))
     f = meta_freqs_cis(128, 300)
     # same float32 angles bit for bit; torch.polar evaluates cos/sin by another routine than
-    # Tensor.cos/sin, so the tables agree to one float32 ulp (<= 2**-24 for |values| <= 1)
+    # Tensor.cos/sin: each within one ulp of the cos/sin of that float32 angle, an ulp being at
+    # most 2**-24 = U32 for |values| < 1, so the tables agree to 2 U32
     meta_angles = torch.outer(torch.arange(300), hf_inv_freq(128)).float()
     assert torch.equal(meta_angles, torch.arange(300).float()[:, None] * rope_frequencies(128))
-    torch.testing.assert_close(cos, f.real, rtol=0, atol=2.0**-24)
-    torch.testing.assert_close(sin, f.imag, rtol=0, atol=2.0**-24)
+    torch.testing.assert_close(cos, f.real, rtol=0, atol=2 * U32)
+    torch.testing.assert_close(sin, f.imag, rtol=0, atol=2 * U32)
 
 
 @pytest.mark.parametrize("hk", [4, 2, 1])
@@ -195,10 +168,12 @@ def test_interleaved_matches_meta_complex():
     rq, rk = meta_apply(xq, xk, meta_freqs_cis(d, s))
     cos, sin = rope_cos_sin(s, rope_frequencies(d))
     oq, ok = apply_rope(xq.transpose(1, 2), xk.transpose(1, 2), cos, sin, layout="interleaved")
-    # torch's complex64 product may round differently from two products and a sum (it may
-    # fuse): agreement to a few float32 ulps of |x| ~ 4 is the honest bound.
-    torch.testing.assert_close(oq.transpose(1, 2), rq, rtol=0, atol=2e-6)
-    torch.testing.assert_close(ok.transpose(1, 2), rk, rtol=0, atol=2e-6)
+    # Same float32 angles; Meta's tables (torch.polar) are within 2 U32 of ours (see
+    # test_cos_sin_match_meta_polar), which moves a coordinate of the pair (a, b) by at most
+    # 2 U32 (|a| + |b|); each side's two products and a sum (torch's complex64 product may
+    # fuse them) add at most 2 U32 (|a| + |b|). So 6 U32 (|a| + |b|) per coordinate.
+    for got, ref, x in ((oq, rq, xq), (ok, rk, xk)):
+        assert_within(got.transpose(1, 2), ref, rotation_tol(x, 0.0, "interleaved", d, per_angle=0, const=6))
 
 
 def test_gpt_neox_partial_rotary_matches_bitwise():
@@ -229,7 +204,12 @@ def test_matches_scalar_definition_float64(layout, rotary_dim):
     got = rope_rotate(x, *rope_cos_sin(torch.tensor(pos), inv, compute_dtype=torch.float64),
                       layout=layout, rotary_dim=rotary_dim)
     ref = scalar_rope(x, pos, inv.numpy(), layout, r)
-    torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=1e-6)
+    # Compared in float64 at a float64 bound: each side rounds the angle p theta once
+    # (U64 Theta), evaluates cos/sin to one ulp (2 U64) and rotates with two products and a
+    # sum (2 U64 (|a| + |b|)): (|a| + |b|) U64 (Theta + 4) each, twice that between them.
+    # The copied dimensions past rotary_dim must agree bit for bit.
+    theta = (torch.tensor(pos, dtype=torch.float64)[..., None] * inv).abs()[:, None]  # (2, 1, 5, r/2)
+    assert_within(got, ref, 2 * rotation_tol(x, theta, layout, r, u=U64, per_angle=1, const=4))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -281,16 +261,31 @@ def test_converted_weights_give_identical_scores(rotary_dim):
     r = rotary_dim or head_dim
     cos, sin = table64(s, r)
 
+    def project(w):
+        return (x @ w.T).view(1, s, n_heads, head_dim).transpose(1, 2)
+
     def scores(wq, wk, layout):
-        q = (x @ wq.T).view(1, s, n_heads, head_dim).transpose(1, 2)
-        k = (x @ wk.T).view(1, s, n_heads, head_dim).transpose(1, 2)
-        q, k = apply_rope(q, k, cos, sin, layout=layout, rotary_dim=rotary_dim)
+        q, k = apply_rope(project(wq), project(wk), cos, sin, layout=layout, rotary_dim=rotary_dim)
         return q @ k.transpose(-1, -2)
 
     meta = scores(wq, wk, "interleaved")
     hf = scores(*(convert_qk_weight(w, n_heads, "interleaved", "half", rotary_dim) for w in (wq, wk)), "half")
     wrong = scores(wq, wk, "half")
-    torch.testing.assert_close(hf, meta, rtol=0, atol=1e-12)
+    # Float64 bound on each side's score against the exact one, in Meta's layout (the converted
+    # side permutes the same coordinates). M = |x| |W|^T bounds a projected coordinate, off by
+    # d_in U64 M; a rotated coordinate of the pair (a, b) is at most M_a + M_b (the pair sum P),
+    # off by U64 (d_in + Theta + 4) P (the projection carried through the rotation, plus the
+    # rotation's own (Theta + 4)); the dot product of head_dim terms adds head_dim U64 P_q.P_k.
+    # So U64 (2 (d_in + Theta + 4) + head_dim) P_q . P_k per side, twice that between them.
+    def pair_sum(m):
+        out = m.clone()
+        out[..., 0:r:2] = out[..., 1:r:2] = m[..., 0:r:2] + m[..., 1:r:2]
+        return out
+
+    pq, pk = (pair_sum((x.abs() @ w.abs().T).view(1, s, n_heads, head_dim).transpose(1, 2)) for w in (wq, wk))
+    theta = float(s - 1)  # positions < s, inv_freq <= 1
+    bound = 2 * U64 * (2 * (d_in + theta + 4) + head_dim) * (pq @ pk.transpose(-1, -2))
+    assert_within(hf, meta, bound)
     assert (wrong - meta).abs().max() > 1.0  # the unconverted checkpoint is badly wrong
 
 
@@ -307,7 +302,12 @@ def test_relative_identity(m, n, shift, seed, layout):
     s2 = (rot64(q, [m + shift], layout) * rot64(k, [n + shift], layout)).sum()
     # q^T R_{n-m} k, rotating k alone by the difference (may be negative)
     s3 = (q * rot64(k, [n - m], layout)).sum()
-    tol = 1e-11 * (1 + m + n + shift) * float(q.norm() * k.norm())
+    # Float64: a rotation by angles p theta_i (theta_i <= 1, so Theta <= p) moves each
+    # coordinate of a pair (a, b) by (|a| + |b|) U64 (Theta + 4) (one rounding of the angle, an
+    # ulp of cos/sin, two products and a sum), the whole vector by 2 U64 (p + 4) |x|; a score
+    # of 16 terms adds 16 U64 |q| |k|. s1 - s2: four rotations by m, n, m + shift, n + shift and
+    # two dot products; s1 - s3 (k alone, by |n - m| <= m + n) is smaller.
+    tol = U64 * (4 * (m + n + shift) + 4 * 8 + 2 * 16 + 1) * float(q.norm() * k.norm())
     assert abs(float(s1 - s2)) <= tol and abs(float(s1 - s3)) <= tol
 
 
@@ -317,7 +317,10 @@ def test_norm_preserved(p, seed, layout, r):
     x = rand(1, 2, 1, 16, dtype=torch.float64, seed=seed)
     cos, sin = table64(p + 1, r)
     y = rope_rotate(x, cos, sin, layout=layout, rotary_dim=r, positions=[p])
-    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1), rtol=1e-13, atol=0)
+    # Float64: tables with c^2 + s^2 within 4 U64 of 1 and the pair's roundings change each
+    # pair's norm by < 5 U64 (tests/test_grid.py's derivation), so |y| by < 5 U64 |x|; each of
+    # the two computed norms (16 squares, a sum, a sqrt) adds (16 / 2 + 1) U64.
+    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1), rtol=(5 + 2 * (16 // 2 + 1)) * U64, atol=0)
     assert torch.equal(y[..., r:], x[..., r:])
 
 
@@ -359,9 +362,15 @@ def test_offset_decoding_equals_full_sequence(t, n, seed, layout):
 def test_float32_accuracy_up_to_one_million():
     """Stated tolerance. Reference: float64 angles p * theta_i with the same float32 theta_i.
 
-    Default float32 tables (HuggingFace's arithmetic): the angle p * theta is rounded once to
-    float32, an error of at most 2**-24 * p * theta radians, plus a few ulps from cos/sin and
-    the rotation. float64 tables: every rotated coordinate within 1e-6 * |pair| at any p.
+    Per coordinate, relative to the norm rho of its pair (a, b), with Theta = p theta:
+
+    * float32 tables (HuggingFace's arithmetic): the angle rounded once to float32 moves the
+      pair by at most U32 Theta rho (a rotation error: a dc - b ds = -e (a sin + b cos));
+      cos/sin to one ulp, 2 U32 (|a c| + |b s|) <= 2 U32 rho; rounding x to float32 (carried
+      through the rotation) U32 rho; the two products and the sum 2 U32 rho: U32 (Theta + 5);
+    * float64 tables: the same in float64, U64 (Theta + 4), plus the tables and x rounded to
+      float32 (2 U32 rho) and the float32 rotation (2 U32 rho): 4 U32 + U64 (Theta + 4);
+    * the float64 reference itself is within U64 (Theta + 4) sqrt(2) of the exact rotation.
     """
     d = 64
     inv = rope_frequencies(d)
@@ -370,9 +379,11 @@ def test_float32_accuracy_up_to_one_million():
     ang = pos.double()[:, None] * inv.double()
     ref = rope_rotate(x, ang.cos(), ang.sin())
     pair_norm = torch.sqrt(x[..., : d // 2] ** 2 + x[..., d // 2 :] ** 2).repeat(1, 1, 1, 2)
+    theta = ang.repeat(1, 2)
+    ref_err = 2 * U64 * (theta + 4)
     for compute, bound in (
-        (torch.float32, 2.0**-24 * ang.repeat(1, 2) + 1e-6),
-        (torch.float64, torch.full((len(pos), d), 1e-6, dtype=torch.float64)),
+        (torch.float32, U32 * (theta + 5) + ref_err),
+        (torch.float64, 4 * U32 + U64 * (theta + 4) + ref_err),
     ):
         cos, sin = rope_cos_sin(pos, inv, compute_dtype=compute)
         got = rope_rotate(x.float(), cos.float(), sin.float()).double()
@@ -388,7 +399,9 @@ def test_float32_positions_beyond_2_24_need_float64():
     with pytest.raises(ValueError, match="2\\*\\*24.*float64"):
         rope_cos_sin(torch.tensor([2**24 + 1]), inv)
     c, _ = rope_cos_sin(torch.tensor([2**24 + 1]), inv, compute_dtype=torch.float64)
-    assert abs(float(c[0, 0]) - math.cos(2**24 + 1)) < 1e-6
+    # the angle (2**24 + 1) * 1.0 is exact in float64; torch and math each evaluate its cosine
+    # to within one float64 ulp (<= 2**-53 = U64 below 1)
+    assert abs(float(c[0, 0]) - math.cos(2**24 + 1)) <= 2 * U64
 
 
 # ----------------------------------------------------------------------------- the scheme
@@ -420,7 +433,11 @@ def test_scheme_overrides_and_scaling():
     torch.testing.assert_close(rq.norm(dim=-1), 1.25 * q.norm(dim=-1))
     plain = RotaryEmbedding(16)
     pq, _ = plain.rotate(q, k, pos, pos)  # frequency theta/4 at position 4p: the angle of p
-    torch.testing.assert_close(rq / 1.25, pq, rtol=1e-6, atol=1e-6)
+    # Both float32 angles within U32 Theta of p theta (Theta = p theta): the tables differ by
+    # 2 U32 Theta + 4 U32 (two evaluations to one ulp), the scaling by 1.25 rounds once (U32);
+    # each side's products and sum 2 U32 (|a| + |b|), the division by 1.25 U32 (|a| + |b|).
+    theta = pos.double()[:, None] * rope_frequencies(16).double()
+    assert_within(rq / 1.25, pq, rotation_tol(q, theta, "half", 16, per_angle=2, const=10))
     scheme.cos_sin(100)
     scheme.set_frequencies(rope_frequencies(16))
     assert scheme.cached_positions == 0 and scheme.attention_scaling == 1.0
@@ -434,7 +451,12 @@ def test_kv_cache_decoding_through_attention(layout):
     full = attention(q, k, v, scheme, causal=True)
     # decode the last token: its query alone, against all keys; default q_pos = last position
     step = attention(q[:, :, -1:], k, v, scheme, causal=True)
-    torch.testing.assert_close(step, full[:, :, -1:], rtol=0, atol=1e-6)
+    # Both rotate the same rows at the same positions (bit-equal rotated q, k); they differ only
+    # in the float32 attention arithmetic: each within helpers.attention_out_bound.
+    qr, kr = scheme.rotate(q, k, torch.arange(9), torch.arange(9))
+    bound = (attention_out_bound(qr, kr, v, causal=True)[:, :, -1:]
+             + attention_out_bound(qr[:, :, -1:], kr, v, causal=True))
+    assert_within(step, full[:, :, -1:], bound)
 
 
 def test_left_padding_gives_the_unpadded_result():
@@ -451,8 +473,13 @@ def test_left_padding_gives_the_unpadded_result():
 
     key_ok = mask.bool()[:, None, None, :]
     out = attention(padded(q), padded(k), padded(v), scheme, pos, pos, causal=True, attn_mask=key_ok)
-    torch.testing.assert_close(out[0], alone[0], rtol=0, atol=1e-6)
-    torch.testing.assert_close(out[1, :, pad:], alone[0, :, : s - pad], rtol=0, atol=1e-6)
+    # The same rotated q, k at the same positions; masked keys get weight exp(lowest) = 0
+    # exactly; so the float32 attention arithmetic alone differs, each side within
+    # helpers.attention_out_bound (the padded row has the same k_len, 6).
+    qr, kr = scheme.rotate(q, k, torch.arange(s), torch.arange(s))
+    bound = 2 * attention_out_bound(qr, kr, v, causal=True)[0]
+    assert_within(out[0], alone[0], bound)
+    assert_within(out[1, :, pad:], alone[0, :, : s - pad], bound[:, : s - pad])
 
 
 def test_positions_from_mask_matches_hf():

@@ -22,14 +22,10 @@ from companion.attention import NoPE, attention
 from companion.rope import RotaryEmbedding, rope_frequencies
 from companion.rope_variants import PRoPE, XPos, xpos_max_centered_position
 from companion.scaling import compute_inv_freq
+from helpers import rand
 
 U64 = 2.0**-53
 U32 = 2.0**-24
-
-
-def rand(*shape, dtype=torch.float64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
 
 
 # ----------------------------------------------------------------------------- torchscale, transcribed

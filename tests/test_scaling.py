@@ -37,12 +37,12 @@ from companion.scaling import (
     yarn_correction_range,
     yarn_get_mscale,
 )
+from helpers import U32 as U
+from helpers import U64, pow_bound
+from helpers import rand32 as rand
 
 # Unexpected warnings are failures; tests that expect one catch it with pytest.warns.
 pytestmark = pytest.mark.filterwarnings("error::UserWarning")
-
-U = 2.0**-24  # float32 unit roundoff
-U64 = 2.0**-53  # float64 unit roundoff
 
 
 # ----------------------------------------------------------------------------- float64 references
@@ -107,15 +107,6 @@ def ref_yarn_attention(s, mscale=None, mscale_all_dim=None):
 
 
 # ----------------------------------------------------------------------------- bounds
-
-
-def pow_bound(base):
-    """Relative error of the package's float32 ``1 / b ** fl(2 i / d)`` against b**(-2i/d).
-
-    fl(2 i / d) = e (1 + d1): b ** (e d1) = 1 + e ln(b) d1, at most ln(b) U (e < 1);
-    b rounded to float32: e U <= U; pow accurate to 1 ulp: 2 U; the reciprocal: U.
-    """
-    return (math.log(base) + 4) * U
 
 
 def dynamic_tensor_bound(base, s, d, n, m):
@@ -730,11 +721,6 @@ def test_ntk_needs_at_least_two_pairs(rope_type):
 
 
 # ----------------------------------------------------------------------------- 4. RotaryEmbedding
-
-
-def rand(*shape, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g)
 
 
 def reference_tables(emb, inv_freq, attention):
