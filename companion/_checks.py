@@ -593,7 +593,7 @@ def check_file(path: object, name: str = "path", what: str = "a file") -> Path:
 
     A folder raises ``IsADirectoryError`` and a missing path ``FileNotFoundError``; both
     messages name ``name``, the path, and ``what`` was expected (``"a .gguf file"``, say).
-    Anything but a ``str`` or ``os.PathLike`` raises ``TypeError`` (:func:`check_path`).
+    Anything but a ``str`` or ``os.PathLike`` raises ``TypeError`` (``check_path``).
     """
     p = check_path(path, name)
     if p.is_dir():

@@ -13,7 +13,7 @@ scales the logits by ``query_pre_attn_scalar ** -0.5`` (``head_dim`` for the 270
 
 **Two kinds of layer.** Most layers are *local*: a query at position ``i`` sees the keys at
 ``i - W + 1 .. i`` only (the sliding window, ``W = 512``), and its RoPE has base 10,000.
-Every :attr:`GemmaConfig.sliding_window_pattern`-th layer (layers 5, 11, 17 of 18, i.e.
+Every ``sliding_window_pattern``-th layer (layers 5, 11, 17 of 18, i.e.
 ``(i + 1) % 6 == 0``) is *global*: plain causal attention, RoPE base 1,000,000. Each kind
 has its own :class:`companion.rope.RotaryEmbedding`; a RoPE scaling config (chapter 9,
 :func:`companion.scaling.compute_inv_freq`) goes to the global layers only, as HuggingFace
@@ -183,7 +183,7 @@ class GemmaConfig:
 
     @property
     def types(self) -> tuple[str, ...]:
-        """One of :data:`LAYER_TYPES` per layer (the pattern's, unless ``layer_types`` is given)."""
+        """One of ``LAYER_TYPES`` per layer (the pattern's, unless ``layer_types`` is given)."""
         if self.layer_types is not None:
             return self.layer_types
         if self.sliding_window is None:
