@@ -20,7 +20,7 @@ from pathlib import Path
 from ._checks import check_positive_int
 
 __all__ = ["usage_errors", "as_flags", "check_distinct", "check_seeds", "check_file_target", "check_folder_target",
-           "check_existing_file"]
+           "check_existing_file", "check_run_flags"]
 
 
 def as_flags(text: str, configs: Sequence[type]) -> str:
@@ -85,3 +85,17 @@ def check_existing_file(path: str | os.PathLike[str], name: str) -> Path:
     if not p.is_file():
         raise ValueError(f"{name} must be an existing file, got {str(path)!r}, which does not exist")
     return p
+
+
+def check_run_flags(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    """The flags the experiment scripts share (``--schemes`` with no repeat, ``--seeds``,
+    ``--steps`` and ``--threads`` >= 1, ``--out`` not a folder), each a usage error naming it."""
+    with usage_errors(parser, "--schemes"):
+        check_distinct(ns.schemes, "schemes")
+    with usage_errors(parser, "--seeds"):
+        check_seeds(ns.seeds, "seeds")
+    for flag in ("steps", "threads"):
+        with usage_errors(parser, "--" + flag):
+            check_positive_int(getattr(ns, flag), flag)
+    with usage_errors(parser, "--out"):
+        check_file_target(ns.out, "out")

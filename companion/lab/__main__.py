@@ -93,7 +93,7 @@ def _add_dataclass_options(parser: argparse.ArgumentParser, cls: type, skip: tup
             continue
         default = getattr(cls(), f.name)
         flag = "--" + f.name.replace("_", "-")
-        meaning = FIELD_HELP.get(f.name, f.name.replace("_", " "))
+        meaning = FIELD_HELP[f.name]  # every field has one (tests/test_cli_help.py)
         if isinstance(default, list):
             kind = type(default[0]) if default else int
             parser.add_argument(flag, type=kind, nargs="+", default=None,

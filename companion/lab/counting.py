@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._checks import check_finite_number, check_positive_int
-from .._cli import check_distinct, check_file_target, check_seeds, usage_errors
+from .._cli import check_distinct, check_run_flags, usage_errors
 from ..alibi import ALiBi
 from ..attention import NoPE, PositionScheme
 from ..cope import CoPE, cope_gates
@@ -460,20 +460,11 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def _check_flags(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
     """Every flag of :func:`main`, before any work; a bad one is ``parser.error`` naming it."""
-    with usage_errors(parser, "--schemes"):
-        check_distinct(ns.schemes, "schemes")
-    with usage_errors(parser, "--seeds"):
-        check_seeds(ns.seeds, "seeds")
+    check_run_flags(parser, ns)
     with usage_errors(parser, "--lrs"):
         for lr in ns.lrs:
             check_finite_number(lr, "lrs")
         check_distinct(ns.lrs, "lrs")
-    with usage_errors(parser, "--steps"):
-        check_positive_int(ns.steps, "steps")
-    with usage_errors(parser, "--threads"):
-        check_positive_int(ns.threads, "threads")
-    with usage_errors(parser, "--out"):
-        check_file_target(ns.out, "out")
 
 
 def main(argv: list[str] | None = None) -> int:

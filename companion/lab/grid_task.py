@@ -61,7 +61,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import check_finite_number, check_positive_int, check_tensor
-from .._cli import check_distinct, check_file_target, check_seeds, usage_errors
+from .._cli import check_distinct, check_run_flags, usage_errors
 from ..attention import NoPE, PositionScheme
 from ..dispatch import fast_attention
 from ..grid import AxialRoPE, LearnedGridEmbedding, MixedRoPE, Sinusoidal2DEmbedding, grid_positions
@@ -728,12 +728,7 @@ def reduced_run(schemes: Sequence[str] = tuple(SCHEMES), *, log: Callable[[str],
 
 def _check_flags(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
     """Every flag of :func:`main`, before any work; a bad one is ``parser.error`` naming it."""
-    with usage_errors(parser, "--schemes"):
-        check_distinct(ns.schemes, "schemes")
-    with usage_errors(parser, "--seeds"):
-        check_seeds(ns.seeds, "seeds")
-    with usage_errors(parser, "--steps"):
-        check_positive_int(ns.steps, "steps")
+    check_run_flags(parser, ns)
     with usage_errors(parser, "--grids"):
         least = GridTask().max_offset + 1  # the task's rule: every offset fits in the grid
         for g in ns.grids:
@@ -743,10 +738,6 @@ def _check_flags(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> Non
         check_distinct(ns.grids, "grids")
     with usage_errors(parser, "--eval-size"):
         check_positive_int(ns.eval_size, "eval_size")
-    with usage_errors(parser, "--threads"):
-        check_positive_int(ns.threads, "threads")
-    with usage_errors(parser, "--out"):
-        check_file_target(ns.out, "out")
 
 
 def main(argv: list[str] | None = None) -> int:
