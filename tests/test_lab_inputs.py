@@ -96,15 +96,14 @@ def test_stored_configs_still_load():
     from companion.lab.results import load_sweep
     from companion.utils import load_result
 
-    for path in ("chapters/data/08_sweep", "chapters/data/08_sweep.json"):
+    # chapter 8's sweep (the current protocol, in parts) and chapter 11's baselines (the older one)
+    for path in ("chapters/data/08_sweep", "chapters/data/11_baselines.json"):
         sw = load_sweep(REPO / path)
         ev = {k: v for k, v in sw.eval_config.items() if k in {f for f in asdict(EvalConfig())}}
         check_eval_config(EvalConfig(**ev))
-    load_result(REPO / "chapters/data/11_baselines.json")
-    stored = json.loads((REPO / "chapters/data/08_sweep.json").read_text())
-    stored = stored.get("data", stored)
-    for run in stored["runs"]:
-        assert asdict(TrainConfig.from_dict(run["config"])) == run["config"]
+        for run in sw.data["runs"]:
+            assert asdict(TrainConfig.from_dict(run["config"])) == run["config"]
+    load_result(REPO / "chapters/data/11_sweep.json")
 
 
 def test_check_eval_config_catches_a_field_changed_after_construction():
