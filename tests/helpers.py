@@ -267,3 +267,48 @@ def assert_within_rounded(x, x64, bound, name="output"):
         f"{name}: error {float(err.flatten()[worst]):.3g} > its bound {float(bound.flatten()[worst]):.3g} "
         f"(largest error {float(err.max()):.3g})"
     )
+
+
+# ----------------------------------------------------------------------------- bounds: softmax attention, any logits
+
+
+def softmax_attention_bounds(P, logit_abs, logit_err, val_abs, *, out_terms, u, dout=None, dp_terms=0):
+    """Entry-wise rounding-error bounds for one computation of ``out_i = sum_j P_ij V_ij`` with
+    ``P_i = softmax(s_i)`` computed by ``torch.softmax`` (and, given ``dout``, of the softmax
+    backward ``dS_ij = P_ij (dP_ij - sum_j P_ij dP_ij)``, ``dP_ij = dout_i . V_ij``), against
+    the exact result, for logits and values of any structure (a ``score`` hook's pairwise
+    keys and values, whose magnitudes :func:`attention_error_bounds` does not see).
+
+    Worst-case first-order analysis (Higham's gamma_n = n u), evaluated on the float64
+    oracle's magnitudes. The caller bounds its own logits and values:
+
+    * ``P`` ``(..., q_len, k_len)``: the weights (float64 oracle); masked keys have ``P = 0``;
+    * ``logit_abs >= |s_ij|`` and ``logit_err >= |fl(s_ij) - s_ij|``, ``(..., q_len, k_len)``;
+    * ``val_abs >= |V_ij|`` entry-wise, broadcasting to ``(..., q_len, k_len, v_dim)``;
+    * ``out_terms``: roundings per term ``P_ij V_ij`` of the output (forming ``V_ij``, the
+      products, the sums), ``dp_terms`` those of ``dP_ij`` (relative to ``|dout_i|.|V_ij|``).
+
+    The softmax: perturbing the logits by at most ``D_i = max_j logit_err`` moves each weight
+    by a factor in ``exp(+-2 D_i)``; subtracting the row maximum rounds by at most
+    ``u (|s_ij| + |m_i|) <= 2 u max_j logit_abs``, a logit perturbation again (times 2); exp
+    (one ulp, 2 u) in numerator and denominator, 4 u; the denominator's sum of ``k_len``
+    terms, ``(k_len - 1) u``; the division (or a reciprocal and a product), 2 u. So
+    ``R_i = 2 D_i + u (4 max_j logit_abs + k_len + 5)``, and
+    ``|out_i - exact| <= (R_i + out_terms u) sum_j P_ij |V_ij|``.
+
+    The backward (as in :func:`attention_error_bounds`): with ``A_ij = |dout_i|.|V_ij|``,
+    ``|dS_ij| <= T_ij = P_ij (A_ij + sum_j P_ij A_ij)`` and the computed ``dS`` is off by at most
+    ``E_ij = T_ij (2 R_i + u (dp_terms + k_len + 2))`` (``P``'s error twice, ``dP``'s, the row
+    sum of ``k_len`` products, the difference and the product).
+
+    Returns a dict of ``R`` ``(..., q_len, 1)`` and ``out`` ``(..., q_len, v_dim)``, and with
+    ``dout`` also ``T`` and ``E`` ``(..., q_len, k_len)``.
+    """
+    k_len = P.shape[-1]
+    R = 2 * logit_err.amax(-1, keepdim=True) + u * (4 * logit_abs.amax(-1, keepdim=True) + k_len + 5)
+    bounds = {"R": R, "out": (P[..., None] * val_abs).sum(-2) * (R + out_terms * u)}
+    if dout is not None:
+        A = (dout.detach().abs()[..., None, :] * val_abs).sum(-1)
+        T = P * (A + (P * A).sum(-1, keepdim=True))
+        bounds.update(T=T, E=T * (2 * R + u * (dp_terms + k_len + 2)))
+    return bounds
