@@ -9,7 +9,6 @@ Valid calls keep their results (checked against independent computations here).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict
 from pathlib import Path
@@ -103,7 +102,6 @@ def test_stored_configs_still_load():
         check_eval_config(EvalConfig(**ev))
         for run in sw.data["runs"]:
             assert asdict(TrainConfig.from_dict(run["config"])) == run["config"]
-    load_result(REPO / "chapters/data/11_sweep.json")
 
 
 def test_check_eval_config_catches_a_field_changed_after_construction():

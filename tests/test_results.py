@@ -1079,7 +1079,7 @@ def test_stored_extension_loads():
 
 
 def test_blocks_of_a_sweep_stored_without_them_is_a_clear_error():
-    # sweeps run before the lab stored per-block values (chapter 11's, for one) lack them
+    # a sweep stored without per-block values (as the lab wrote them before it kept blocks)
     data = load_result(STORED / "08_sweep" / "rope-alibi.json")["data"]
     sw = Sweep(data)
     assert sw.blocks("rope", "tail", sw.lengths[0]).shape[0] == len(sw.seeds("rope"))
