@@ -6,9 +6,9 @@ Examples::
     python -m companion.lab train --scheme rope --seed 0 --checkpoint runs/rope.pt --out rope.json
     # evaluate a saved checkpoint again
     python -m companion.lab eval --checkpoint runs/rope.pt --out rope-eval.json
-    # chapter 8's sweep: eight schemes, five seeds (three for three of them), two worker processes
-    python -m companion.lab sweep --schemes xl shaw nope learned sinusoidal t5 rope alibi --seeds 0 1 2 3 4 \
-        --seeds-per-scheme shaw=3 learned=3 sinusoidal=3 --workers 2 --out chapters/data/08_sweep.json
+    # chapter 8's sweep, stored in parts (one file per command) that load_sweep merges; one part:
+    python -m companion.lab sweep --schemes rope alibi --seeds 0 1 2 3 4 --workers 2 \
+        --out chapters/data/08_sweep/rope-alibi.json
     # chapter 9: every RoPE scaling method at 2x, 4x, 8x, without and with a short fine-tune
     python -m companion.lab extend --seeds 0 1 --factors 2 4 8 --finetune-steps 0 200 \
         --out chapters/data/09_extension.csv --json chapters/data/09_extension.json
