@@ -37,8 +37,11 @@ checkpoints' ``config.json`` files are written for; every function reproduces it
 arithmetic operation for operation, so the frequencies agree bit for bit. The config is a dict
 in either spelling: the v5 ``rope_parameters`` form (``{"rope_type": "yarn", "rope_theta":
 1e6, "factor": 4.0, ...}``) or the older ``rope_scaling`` form (``"type"`` instead of
-``"rope_type"``; ``rope_theta`` was a separate config attribute then, so put it in the dict, see
-:func:`rope_parameters_from_legacy`).
+``"rope_type"``; ``rope_theta`` was a separate config attribute then, so put it in the dict:
+:func:`rope_parameters_from_legacy` is the entry for legacy configs). A scaled config without
+``rope_theta`` raises ``ValueError`` rather than computing with HuggingFace's default base 10000:
+it is almost always an old ``rope_scaling`` dict whose model kept its base outside it (500000
+for Llama 3.1), and 10000 would give every frequency the wrong value.
 
 Where HuggingFace only logs a warning, this module raises ``ValueError`` naming the key: an
 unknown type, a missing required key, ``factor < 1``, LongRoPE factor lists of the wrong
@@ -84,7 +87,8 @@ __all__ = [
     "proportional_rope_angles",
 ]
 
-#: HuggingFace's default RoPE base, used (with a warning) when a config has no ``rope_theta``.
+#: HuggingFace's default RoPE base, used (with a warning) when a plain ``rope_type="default"``
+#: config has no ``rope_theta`` (a scaled config without one is an error).
 DEFAULT_THETA = 10000.0
 
 # Keys each type requires and accepts (besides "rope_type"/"type", "rope_theta" and
@@ -226,6 +230,16 @@ def rope_parameters_from_legacy(rope_scaling: Mapping[str, Any] | None, rope_the
     was a separate attribute of the model config; v5 moves ``rope_theta`` inside the dict.
     ``rope_scaling=None`` (no scaling) gives ``{"rope_type": "default", "rope_theta": ...}``.
     A ``rope_theta`` already in the dict must agree with the argument.
+
+    This is the one entry for a legacy config: pass the model config's ``rope_theta`` with
+    its ``rope_scaling``, ``rope_parameters_from_legacy(config["rope_scaling"],
+    config["rope_theta"])``. The old dict alone has no base, and :func:`compute_inv_freq`
+    refuses a scaled config without one.
+
+    Raises:
+        TypeError: ``rope_scaling`` is not a dict or ``None``, or ``rope_theta`` not a number.
+        ValueError: ``type`` and ``rope_type`` disagree, ``rope_theta`` is not a finite number
+            > 1, or the dict holds another ``rope_theta``.
     """
     if rope_scaling is not None and not isinstance(rope_scaling, Mapping):
         raise TypeError(f"rope_scaling must be a dict or None, got {type(rope_scaling).__name__}")
@@ -250,9 +264,11 @@ def parse_rope_config(
 ) -> RopeSpec:
     """Validate a config in either spelling and normalise it (see the module doc).
 
-    ``None`` means plain RoPE with HuggingFace's default base. A missing ``rope_theta`` falls
-    back to :data:`DEFAULT_THETA` with a warning (in the old ``rope_scaling`` form it lived
-    outside the dict: see :func:`rope_parameters_from_legacy`). A missing
+    ``None`` means plain RoPE with HuggingFace's default base. A ``rope_type="default"`` config
+    without ``rope_theta`` falls back to :data:`DEFAULT_THETA` with a warning; a scaled one
+    (any other type) raises ``ValueError``: in the old ``rope_scaling`` form the base lived
+    outside the dict, and 10000 would silently give a Llama 3.1 config (base 500000) wrong
+    frequencies. Convert legacy configs with :func:`rope_parameters_from_legacy`. A missing
     ``original_max_position_embeddings`` falls back to ``max_position_embeddings``, as in
     HuggingFace; a missing ``factor`` of YaRN or LongRoPE is ``max_position_embeddings /
     original_max_position_embeddings``. ``partial_rotary_factor`` may be given here or in the
@@ -260,7 +276,8 @@ def parse_rope_config(
 
     Raises:
         TypeError: ``rope_config`` is not a dict.
-        ValueError: an unknown type, a missing or bad key (named), or a bad rotary dimension.
+        ValueError: an unknown type, a missing or bad key (named), a scaled config without
+            ``rope_theta``, or a bad rotary dimension.
     """
     if rope_config is None:
         rope_config = {"rope_type": "default", "rope_theta": DEFAULT_THETA}
@@ -300,6 +317,14 @@ def parse_rope_config(
             f"got int(head_dim * partial_rotary_factor) = {dim}"
         )
 
+    if "rope_theta" not in params and rope_type != "default":
+        raise ValueError(
+            f"rope_config has rope_type={rope_type!r} but no 'rope_theta' (the RoPE base); HuggingFace's "
+            f"default {DEFAULT_THETA:g} would be used, which is wrong for most scaled models (Llama 3.1's "
+            f"base is 500000): a scaled dict without its base is usually an old rope_scaling dict, whose "
+            f"model config kept rope_theta outside it. Convert it with "
+            f"companion.scaling.rope_parameters_from_legacy(config['rope_scaling'], config['rope_theta']), "
+            f"or put 'rope_theta' in the dict ({DEFAULT_THETA:g} if the model really uses that base)")
     if "rope_theta" not in params:
         warnings.warn(
             f"rope_config has no 'rope_theta'; using HuggingFace's default {DEFAULT_THETA:g}. In the old "
@@ -685,6 +710,12 @@ def compute_inv_freq(rope_config: dict, head_dim: int, *,
         ``(inv_freq, attention_factor)``: float32 ``(rotary_dim // 2,)`` on the CPU
         (``(head_dim // 2,)`` for ``proportional``, whose last pairs have frequency 0), and the
         factor that multiplies both cos and sin tables (1.0 except for YaRN and LongRoPE).
+
+    Raises:
+        TypeError: ``rope_config`` is not a dict.
+        ValueError: as :func:`parse_rope_config`; a scaled config without ``rope_theta``
+            (an old ``rope_scaling`` dict: convert it with :func:`rope_parameters_from_legacy`,
+            passing the model's ``rope_theta``), or a bad ``seq_len``.
     """
     spec = parse_rope_config(rope_config, head_dim, max_position_embeddings=max_position_embeddings,
                              partial_rotary_factor=partial_rotary_factor)

@@ -66,7 +66,7 @@ def test_import_does_not_pull_optional_parts():
     code = (
         "import sys, companion; "
         "print(sorted(m for m in ('triton', 'companion.kernels', 'companion.pretrained', "
-        "'matplotlib', 'safetensors') if m in sys.modules))"
+        "'companion.hf', 'transformers', 'matplotlib', 'safetensors') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -567,15 +567,45 @@ def test_partial_factor_in_the_dict_or_as_argument(rope_type):
                          max_position_embeddings=M)
 
 
-def test_missing_rope_theta_warns_and_uses_10000():
+def test_missing_rope_theta_of_a_plain_config_warns_and_uses_10000():
     with pytest.warns(UserWarning, match="rope_theta"):
-        got = compute_inv_freq({"rope_type": "linear", "factor": 2.0}, 32)
+        got = compute_inv_freq({"rope_type": "default"}, 32)
     assert DEFAULT_THETA == 10000.0
-    assert same(got, compute_inv_freq({"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}, 32))
+    assert same(got, compute_inv_freq({"rope_type": "default", "rope_theta": 10000.0}, 32))
     with pytest.warns(UserWarning, match="rope_theta"):
-        spec = parse_rope_config({"type": "linear", "factor": 2.0}, 32)
+        spec = parse_rope_config({}, 32)  # no type either: plain RoPE
     assert spec.theta == 10000.0 and spec.params["rope_theta"] == 10000.0
     assert parse_rope_config(None, 32).theta == 10000.0  # None: plain RoPE, no warning
+
+
+@pytest.mark.parametrize("rope_type", [t for t in ROPE_TYPES if t != "default"])
+@pytest.mark.parametrize("spelling", ["rope_type", "type"])
+def test_missing_rope_theta_of_a_scaled_config_is_an_error(rope_type, spelling):
+    """A scaled dict without its base is an old rope_scaling dict (the base was a separate
+    config attribute): 10000 would give a Llama 3.1 config (base 500000) wrong frequencies."""
+    cfg = {k: v for k, v in CONFIGS[rope_type].items() if k not in ("rope_theta", "rope_type")}
+    cfg[spelling] = rope_type
+    with pytest.raises(ValueError, match=r"rope_type='%s' but no 'rope_theta'.*default 10000 would be used"
+                       r".*rope_parameters_from_legacy\(config\['rope_scaling'\], config\['rope_theta'\]\)" % rope_type):
+        compute_inv_freq(cfg, 32, max_position_embeddings=M)
+    # the legacy helper with the model's base is the fix, and gives the v5 config's values
+    fixed = rope_parameters_from_legacy(cfg, 5e5)
+    assert same(compute_inv_freq(fixed, 32, max_position_embeddings=M, seq_len=M + 1),
+                compute_inv_freq(CONFIGS[rope_type], 32, max_position_embeddings=M, seq_len=M + 1))
+
+
+def test_a_legacy_llama31_config_gets_its_own_base():
+    """The issue's case: Llama 3.1's config.json, rope_scaling without rope_theta (500000)."""
+    config = {"rope_theta": 500000.0, "max_position_embeddings": 131072,
+              "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+    with pytest.raises(ValueError, match="rope_theta"):
+        compute_inv_freq(config["rope_scaling"], 128)
+    inv, _ = compute_inv_freq(rope_parameters_from_legacy(config["rope_scaling"], config["rope_theta"]), 128)
+    # the highest frequency is kept by llama3: 1 for any base; the next one is base ** (-2 / 128)
+    assert float(inv[0]) == 1.0
+    assert math.isclose(float(inv[1]), 500000.0 ** (-2 / 128), rel_tol=pow_bound(500000.0))
+    assert not math.isclose(float(inv[1]), 10000.0 ** (-2 / 128), rel_tol=1e-3)
 
 
 @pytest.mark.parametrize("rope_type", ROPE_TYPES)

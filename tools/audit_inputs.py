@@ -5,7 +5,8 @@ Runs some three thousand bad or edge-case inputs against the public callables of
 ``companion`` and its modules (the RoPE scaling methods, training-free extension, grids,
 CoPE and the chapter 11 variants, the Llama runner, ``companion.longctx``, the lab's public
 API with its statistics and result loaders), ``companion.kernels`` (through Triton's
-interpreter), ``companion.pretrained``, and every command line (``python -m companion.lab``,
+interpreter), ``companion.pretrained``, the transformers integration ``companion.hf`` (with the
+hf extra), and every command line (``python -m companion.lab``,
 ``companion.lab.counting``, ``companion.lab.grid_task``, ``companion.longctx``,
 ``companion.pretrained``), and classifies every outcome automatically:
 
@@ -1481,9 +1482,12 @@ def scaling_cases() -> None:
     good("scaling", "compute_inv_freq unknown key warns (UserWarning), result unchanged",
          lambda: _warns(lambda: C(with_("linear", bogus_key=1), 8)), check=lambda r: None if r[1] == ["UserWarning"] and
          compare(r[0][0], (inv_plain(8) / 4).float(), 1e-6, 1e-5) is None else f"got warnings {r[1]}")
-    good("scaling", "compute_inv_freq without rope_theta warns and uses 10000",
-         lambda: _warns(lambda: C({"rope_type": "linear", "factor": 2.0}, 8)), check=lambda r: None if r[1] == ["UserWarning"] and
-         compare(r[0][0], (inv_plain(8) / 2).float(), 1e-6, 1e-5) is None else f"got warnings {r[1]}")
+    good("scaling", "compute_inv_freq default type without rope_theta warns and uses 10000",
+         lambda: _warns(lambda: C({"rope_type": "default"}, 8)), check=lambda r: None if r[1] == ["UserWarning"] and
+         compare(r[0][0], inv_plain(8).float(), 1e-6, 1e-5) is None else f"got warnings {r[1]}")
+    for t in ("linear", "llama3", "yarn"):  # a scaled dict without its base: an old rope_scaling dict
+        bad("scaling", f"compute_inv_freq {t} without rope_theta", lambda t=t: C(with_(t, rope_theta=_DROP), 8), "rope_theta")
+    bad("scaling", "compute_inv_freq legacy {'type': 'linear'} without rope_theta", lambda: C({"type": "linear", "factor": 2.0}, 8), "rope_theta")
     unfilled = with_("yarn", original_max_position_embeddings=_DROP)
     good("scaling", "compute_inv_freq does not mutate the config", lambda: (C(unfilled, 8, max_position_embeddings=16), unfilled)[1],
          lambda: with_("yarn", original_max_position_embeddings=_DROP))
@@ -2930,6 +2934,86 @@ def hf_mask_cases() -> None:
          lambda: ref_attention(q, k, v, allowed=allowed))
 
 
+def hf_cases() -> None:
+    """companion.hf (the transformers integration), against transformers' own modules; skipped
+    without transformers (the hf extra)."""
+    try:
+        import companion.hf as chf
+        from transformers import LlamaConfig, LlamaForCausalLM
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, eager_attention_forward
+    except ImportError:
+        return
+    rope = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 16}
+    conf = LlamaConfig(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                       vocab_size=16, max_position_embeddings=64, rope_parameters=dict(rope), attn_implementation=chf.ATTENTION_NAME)
+    pos = torch.tensor([[0, 1, 2, 40], [1, 1, 0, 1]])
+    for dt in (torch.float32, torch.bfloat16):
+        x = torch.zeros(1, dtype=dt)
+        good("hf", f"rotary_embedding tables equal LlamaRotaryEmbedding's ({dt})", lambda x=x: chf.rotary_embedding(conf)(x, pos),
+             lambda x=x: LlamaRotaryEmbedding(conf)(x, pos), atol=0, rtol=0)
+    legacy = {"hidden_size": 32, "num_attention_heads": 4, "max_position_embeddings": 64, "rope_theta": 1e4,
+              "rope_scaling": {k: v for k, v in rope.items() if k != "rope_theta"}}
+    good("hf", "rope_config_of a legacy config.json dict", lambda: chf.rope_config_of(legacy), lambda: (rope, 8, 64))
+    good("hf", "HFRotaryEmbedding empty position_ids", lambda: chf.rotary_embedding(conf)(torch.zeros(1), torch.zeros(1, 0, dtype=torch.long))[0].shape,
+         lambda: torch.Size([1, 0, 8]))
+    # bad configs
+    for vname, value in (("None", None), ("a string", "llama"), ("an int", 3)):
+        bad("hf", f"rotary_embedding config {vname}", lambda value=value: chf.rotary_embedding(value), "config", want=TypeError)
+    bad("hf", "rotary_embedding config without RoPE fields", lambda: chf.rotary_embedding({"hidden_size": 32, "num_attention_heads": 4}), "config")
+    bad("hf", "rotary_embedding legacy config without rope_theta", lambda: chf.rotary_embedding({k: v for k, v in legacy.items() if k != "rope_theta"}), "rope_theta")
+    bad("hf", "rotary_embedding rope_parameters a string", lambda: chf.rotary_embedding({"rope_parameters": "yarn", "head_dim": 8}), "rope_parameters", want=TypeError)
+    bad("hf", "rotary_embedding nested rope_parameters", lambda: chf.rotary_embedding(
+        {"rope_parameters": {"full_attention": dict(rope), "sliding_attention": dict(rope)}, "head_dim": 8}), "rope_parameters")
+    bad("hf", "rotary_embedding unknown rope_type", lambda: chf.rotary_embedding({**legacy, "rope_scaling": {"type": "yarn2"}}), "rope_type")
+    bad("hf", "rotary_embedding without a head dimension", lambda: chf.rotary_embedding({"rope_parameters": dict(rope)}), "head_dim")
+    bad("hf", "rope_config_of num_attention_heads 0", lambda: chf.rope_config_of({**legacy, "num_attention_heads": 0}), "num_attention_heads")
+    bad("hf", "rope_config_of hidden_size '32'", lambda: chf.rope_config_of({**legacy, "hidden_size": "32"}), "hidden_size", want=TypeError)
+    bad("hf", "HFRotaryEmbedding rope not a RotaryEmbedding", lambda: chf.HFRotaryEmbedding("rope"), "rope", want=TypeError)
+    # bad forward arguments
+    rot = chf.rotary_embedding(conf)
+    bad("hf", "HFRotaryEmbedding x an int tensor", lambda: rot(torch.zeros(1, dtype=torch.long), pos), "x", want=TypeError)
+    bad("hf", "HFRotaryEmbedding x a list", lambda: rot([0.0], pos), "x", want=TypeError)
+    bad("hf", "HFRotaryEmbedding float position_ids", lambda: rot(torch.zeros(1), pos.float()), "position_ids", want=TypeError)
+    bad("hf", "HFRotaryEmbedding 3-D position_ids", lambda: rot(torch.zeros(1), pos[None]), "position_ids")
+    bad("hf", "HFRotaryEmbedding position 2**24", lambda: rot(torch.zeros(1), torch.tensor([[2**24]])), "position_ids")
+    bad("hf", "HFRotaryEmbedding position -2**24", lambda: rot(torch.zeros(1), torch.tensor([[-2**24]])), "position_ids")
+    bad("hf", "HFRotaryEmbedding meta position_ids", lambda: rot(torch.zeros(1), meta((1, 3), torch.long)), "position_ids")
+    # the attention against transformers' eager attention of the same inputs
+    torch.manual_seed(5)
+    model = LlamaForCausalLM(conf).eval()
+    layer = model.model.layers[0].self_attn
+    q, k, v = rand(2, 4, 5, 8, seed=71), rand(2, 2, 5, 8, seed=72), rand(2, 2, 5, 8, seed=73)
+    allowed = torch.ones(2, 1, 5, 5, dtype=torch.bool).tril()
+    allowed[1, :, :, :2] = False
+    allowed[1, :, :2, :2] = True  # no query row left without a key
+    good("hf", "attention_forward equals eager_attention_forward (GQA, a bool mask)",
+         lambda: chf.attention_forward(layer, q, k, v, allowed, scaling=8**-0.5)[0],
+         lambda: eager_attention_forward(layer, q, k, v, torch.zeros(()).masked_fill(~allowed, -torch.inf), scaling=8**-0.5)[0])
+    good("hf", "attention_forward mask None is causal (q_len > 1)", lambda: chf.attention_forward(layer, q, k, v, None, scaling=8**-0.5)[0],
+         lambda: eager_attention_forward(layer, q, k, v, torch.zeros(()).masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), -torch.inf),
+                                         scaling=8**-0.5)[0])
+    for vname, value in (("0.1", 0.1), ("1.0", 1.0)):
+        bad("hf", f"attention_forward dropout={vname}", lambda value=value: chf.attention_forward(layer, q, k, v, None, scaling=0.3, dropout=value), "dropout")
+    for kw in ("softcap", "s_aux", "sinks", "position_bias"):
+        bad("hf", f"attention_forward {kw}", lambda kw=kw: chf.attention_forward(layer, q, k, v, None, scaling=0.3, **{kw: torch.ones(1)}), kw)
+    bad("hf", "attention_forward scaling 0", lambda: chf.attention_forward(layer, q, k, v, None, scaling=0.0), "scale")
+    bad("hf", "attention_forward key heads 3", lambda: chf.attention_forward(layer, q, rand(2, 3, 5, 8), rand(2, 3, 5, 8), None, scaling=0.3), ("heads", "kv_heads"))
+    # register and use_scheme
+    for vname, value in (("'sdpa'", "sdpa"), ("'eager'", "eager"), ("''", ""), ("'paged|x'", "paged|x")):
+        bad("hf", f"register name={vname}", lambda value=value: chf.register(value), "name")
+    bad("hf", "register name=3", lambda: chf.register(3), "name", want=TypeError)
+    good("hf", "register a new name", lambda: chf.register("companion-audit"), lambda: "companion-audit")
+    bad("hf", "use_scheme model a string", lambda: chf.use_scheme("model", ALiBi(4)), "model", want=TypeError)
+    bad("hf", "use_scheme scheme a string", lambda: chf.use_scheme(model, "alibi"), "scheme", want=TypeError)
+    bad("hf", "use_scheme a rotate scheme", lambda: chf.use_scheme(model, RotaryEmbedding(8)), "scheme")
+    bad("hf", "use_scheme ALiBi for 3 heads", lambda: chf.use_scheme(model, ALiBi(3)), "heads")
+    bad("hf", "use_scheme rope='no'", lambda: chf.use_scheme(model, ALiBi(4), rope="no"), "rope", want=TypeError)
+    sdpa_model = LlamaForCausalLM(LlamaConfig(**{**conf.to_dict(), "attn_implementation": "sdpa"})).eval()
+    bad("hf", "use_scheme on an sdpa model", lambda: chf.use_scheme(sdpa_model, ALiBi(4)), "attn_implementation")
+    good("hf", "use_scheme ALiBi then None", lambda: [(chf.use_scheme(model, s), type(layer.companion_scheme).__name__)[1]
+                                                        for s in (ALiBi(4), None)], lambda: ["ALiBi", "NoneType"])
+
+
 class _WorkStarted(BaseException):
     """Raised by a guarded function: the command line began real work (training, loading a
     model, reading the corpus, fetching, writing results)."""
@@ -3098,7 +3182,7 @@ def cli_cases() -> None:
 
 GROUPS = [mask_cases, head_cases, position_cases, shape_cases, number_cases, dtype_cases,
           flag_and_layout_cases, aliasing_cases, nan_cases, file_cases, pretrained_cases,
-          hf_mask_cases, base_and_dtype_cases, scaling_cases, trainfree_cases, grid_cases, variant_cases,
+          hf_mask_cases, hf_cases, base_and_dtype_cases, scaling_cases, trainfree_cases, grid_cases, variant_cases,
           llama_cases, longctx_cases, lab_cases, misc_cases, cli_cases]
 OUTCOMES = ("clear", "correct", "cryptic", "silent")
 
@@ -3110,8 +3194,12 @@ def public_modules() -> list:
     import companion.lab.stats as lab_stats
     from companion import cope, grid, learned_bias, llama, longctx, rope_variants, scaling, trainfree
 
+    try:  # the transformers integration, with the hf extra
+        import companion.hf as hf
+    except ImportError:
+        hf = None
     return [companion, kernels, pretrained, scaling, trainfree, grid, cope, rope_variants, learned_bias, llama, longctx,
-            lab, lab_stats, lab_results]
+            lab, lab_stats, lab_results] + ([hf] if hf is not None else [])
 
 
 def covered_names() -> set[str]:
