@@ -1,6 +1,8 @@
 """Tests for companion.lab.grid_task: the grid generator's labels and determinism, the encoder's
-shapes and invariances, a short training run that learns, the summary, the command line and
-bad arguments (not the chapter's accuracies, which chapters/data/12_grid.json stores)."""
+shapes and invariances, the schemes at a shared base, position interpolation and normalised
+coordinates against their formulas (and DINOv3's RoPE in transformers, when installed), a
+short training run that learns, the stored counts and flags, the summary, the command line
+and bad arguments (not the chapter's accuracies, which chapters/data/12_grid.json stores)."""
 
 from __future__ import annotations
 
@@ -25,14 +27,20 @@ from companion.lab.grid_task import (
     TinyGridEncoder,
     TrainSettings,
     accuracy,
+    batch_digest,
     build_scheme,
     eval_batch,
+    example_hits,
     main,
     make_batch,
+    pack_hits,
+    scale_positions,
     summarize,
     train_and_eval,
+    unpack_hits,
 )
 from companion.utils import load_result
+from helpers import U32, U64, assert_within, pair_index, pow_bound, rotation_tol
 
 TASKS = {
     "default": GridTask(),
@@ -143,7 +151,8 @@ def test_forward_shapes_at_two_grid_sizes(name):
 
 def test_schemes_are_built_as_specified():
     kinds = {"learned": LearnedGridEmbedding, "sincos-2d": Sinusoidal2DEmbedding, "axial": AxialRoPE,
-             "mixed": MixedRoPE, "nope": NoPE}
+             "mixed": MixedRoPE, "nope": NoPE, "axial-b10": AxialRoPE, "mixed-b100": MixedRoPE,
+             "axial-norm": AxialRoPE}
     assert set(kinds) == set(SCHEMES)
     for name, cls in kinds.items():
         assert type(build_scheme(name, 64, 4)) is cls
@@ -158,6 +167,7 @@ def test_schemes_are_built_as_specified():
     assert not torch.equal(model.scheme_for(0).freqs, model.scheme_for(1).freqs)
     model = _model("axial", n_layers=3)
     assert len(model.schemes) == 1 and model.scheme_for(0) is model.scheme_for(2)
+    assert grid_task.PER_LAYER == {"mixed", "mixed-b100"} and grid_task.NORMALIZED == {"axial-norm"}
     # per_layer=None decides by the scheme's type
     auto = TinyGridEncoder(lambda: build_scheme("mixed", 16, 2), d_model=16, n_heads=2)
     assert auto.per_layer and len(auto.schemes) == 2
@@ -230,6 +240,253 @@ def test_for_grid_resizes_a_learned_table_only():
         model(batch.tokens, (12, 12), batch.marker_index)
 
 
+# ----------------------------------------------------------------------------- bases, interpolation, normalised coordinates
+
+
+def rotate_ref(x, angles, layout):
+    """The rotation written out in float64: pair j = (a, b) -> (a cos t - b sin t, b cos t +
+    a sin t), ``angles`` broadcasting to ``(..., seq, r/2)``, the whole head rotated."""
+    x = x.double()
+    ia, ib = pair_index(layout, x.shape[-1])
+    a, b, c, s = x[..., ia], x[..., ib], angles.cos(), angles.sin()
+    out = torch.empty(torch.broadcast_shapes(a.shape, c.shape)[:-1] + (x.shape[-1],), dtype=torch.float64)
+    out[..., ia] = a * c - b * s
+    out[..., ib] = b * c + a * s
+    return out
+
+
+@pytest.mark.parametrize("base", [10.0, 100.0])
+def test_axial_and_mixed_at_a_shared_base_have_the_same_frequencies(base):
+    """At a shared base both schemes turn pair i of an axis at base ** (-4 i / head_dim): axial
+    along its axis, each mixed head along its own direction, with the same speeds (the
+    magnitude of a mixed pair's (F_0, F_1))."""
+    axial = build_scheme("axial" if base == 100.0 else "axial-b10", 64, 4)
+    mixed = build_scheme("mixed" if base == 10.0 else "mixed-b100", 64, 4)
+    assert axial.base == base and mixed.base == base
+    want = torch.tensor([base ** (-4 * i / 16) for i in range(4)], dtype=torch.float64)
+    per_axis = axial.freqs.double()
+    torch.testing.assert_close(per_axis[0, :4], want, rtol=pow_bound(base), atol=0)
+    torch.testing.assert_close(per_axis[1, 4:], want, rtol=pow_bound(base), atol=0)
+    assert not per_axis[0, 4:].any() and not per_axis[1, :4].any()
+    # cos and sin of the float32 direction, then the float32 product: a few U32 more
+    speed = mixed.freqs.detach().double().norm(dim=1)  # (heads, P)
+    torch.testing.assert_close(speed, want.repeat(2).expand(4, 8), rtol=pow_bound(base) + 8 * U32, atol=0)
+
+
+def test_the_slowest_pair_at_offset_23_as_the_docstring_says():
+    """The confound the same-base schemes remove: at rope-vit's defaults (mixed base 10,
+    axial base 100) the slowest pair of a 16-dim head turns 4.1 rad at an offset of 23
+    patches in one scheme and 0.73 rad in the other."""
+    mixed = build_scheme("mixed", 64, 4).freqs.detach().double().norm(dim=1).min()
+    axial = build_scheme("axial", 64, 4).freqs.double()
+    axial = axial[axial > 0].min()
+    assert round(23 * float(mixed), 1) == 4.1 and round(23 * float(axial), 2) == 0.73
+
+
+def _qk(seq, heads=4, d=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(2, heads, seq, d, dtype=torch.float64, generator=g),
+            torch.randn(2, heads, seq, d, dtype=torch.float64, generator=g))
+
+
+@pytest.mark.parametrize("kind", ["axial-interleaved", "axial-half", "mixed"])
+@pytest.mark.parametrize("factors", [(8 / 24, 8 / 24), (0.5, 2.0), (math.pi / 2, math.pi / 2)])
+def test_scale_positions_reads_fractional_positions(kind, factors):
+    """The scaled copy at integer positions p rotates as the original would at the fractional
+    positions s_a p_a: the reference takes the original frequencies F (float64 for axial; the
+    float32 values of mixed's parameter) and angle sum_a (s_a p_a) F[a, j], in float64. The
+    copy's float64 path differs by the rounding of the angles (rotation_tol at U64) and, for
+    mixed, by its float32 frequencies s_a F rounded once: an angle error of at most U32 times
+    the angle's magnitude."""
+    torch.manual_seed(0)
+    scheme = {"axial-interleaved": AxialRoPE(16, 2), "axial-half": AxialRoPE(16, 2, layout="half"),
+              "mixed": MixedRoPE(16, 4)}[kind]
+    before = scheme.freqs.detach().clone()
+    scaled = scale_positions(scheme, factors)
+    assert type(scaled) is type(scheme) and torch.equal(scheme.freqs, before)  # the original is unchanged
+    pos = grid_positions((5, 7)) * 3
+    q, k = _qk(35)
+    q2, k2 = scaled.rotate(q, k, pos, pos.flip(0))
+    freqs = scheme.freqs64 if kind != "mixed" else scheme.freqs.detach().double()
+    frac = pos.double() * torch.tensor(factors, dtype=torch.float64)
+    for x, x2, p in ((q, q2, frac), (k, k2, frac.flip(0))):
+        if kind == "mixed":
+            theta = torch.einsum("sa,hap->hsp", p, freqs)
+            big = torch.einsum("sa,hap->hsp", p.abs(), freqs.abs())
+            tol = rotation_tol(x, big, scheme.layout, 16, angle_err=U32 * big, u=U64)
+        else:
+            theta, big = p @ freqs, p.abs() @ freqs.abs()
+            tol = rotation_tol(x, big, scheme.layout, 16, u=U64)
+        assert_within(x2, rotate_ref(x, theta, scheme.layout), tol)
+    if kind == "mixed":
+        assert isinstance(scaled.freqs, torch.nn.Parameter) and scaled.freqs.requires_grad
+    assert torch.equal(scale_positions(scheme, 1.0).freqs, scheme.freqs)
+
+
+def test_for_grid_interpolates_every_layer_from_the_training_grid():
+    """for_grid(G, interpolate_from=8): each layer's RoPE reads p as 8 p / G, and for G = 8
+    the model is unchanged; a model without a grid RoPE refuses."""
+    for name in ("axial", "mixed"):
+        model = _model(name, n_layers=2)
+        assert model.for_grid((8, 8), interpolate_from=(8, 8)) is model
+        big = model.for_grid((24, 12), interpolate_from=(8, 8))
+        assert big is not model and torch.equal(big.tok.weight, model.tok.weight)
+        for mine, orig in zip(big.schemes, model.schemes):
+            torch.testing.assert_close(mine.freqs.detach().double(),
+                                       orig.freqs.detach().double() * torch.tensor([[8 / 24], [8 / 12]], dtype=torch.float64),
+                                       rtol=U32, atol=0)
+    with pytest.raises(ValueError, match="interpolate_from needs a model with a grid RoPE"):
+        _model("learned").for_grid((12, 12), interpolate_from=(8, 8))
+    with pytest.raises(ValueError, match="interpolate_from must be >= 1"):
+        _model("axial").for_grid((12, 12), interpolate_from=(0, 8))
+    with pytest.raises(ValueError, match="interpolate_from must be a"):
+        _model("axial").for_grid((12, 12), interpolate_from=8)
+
+
+def dinov3_angles(side, head_dim, base=100.0):
+    """DINOv3's RoPE angles for a side x side grid, written from its formula in float64:
+    patch centres c = 2 (p + 1/2) / side - 1 per axis, pair i of an axis at 2 pi c base **
+    (-4 i / head_dim); the row's head_dim / 4 pairs first, then the column's (half layout)."""
+    c = 2 * (grid_positions((side, side)).double() + 0.5) / side - 1
+    f = torch.tensor([base ** (-4 * i / head_dim) for i in range(head_dim // 4)], dtype=torch.float64)
+    return torch.cat([2 * math.pi * c[:, :1] * f, 2 * math.pi * c[:, 1:] * f], dim=-1)
+
+
+def scores(q, k):
+    return q @ k.transpose(-1, -2)
+
+
+def score_tol(q, k, err):
+    """A bound on |q'.k' - q''.k''| for two rotations of q and k whose coordinates differ from
+    the exact rotation by at most err (|a| + |b|) on each pair: each pair's term differs by
+    at most 2 err (|q_a| + |q_b|)(|k_a| + |k_b|) (rotations keep pair norms), summed over pairs;
+    the dot products add 2 head_dim U64 relative."""
+    ia, ib = pair_index("half", q.shape[-1])
+    qa, ka = q.abs()[..., ia] + q.abs()[..., ib], k.abs()[..., ia] + k.abs()[..., ib]
+    return (2 * err + 2 * q.shape[-1] * U64) * (qa @ ka.transpose(-1, -2))
+
+
+@pytest.mark.parametrize("side", [8, 12, 24])
+def test_normalised_coordinates_are_dinov3s_rope(side):
+    """The "axial-norm" scheme of an 8 x 8 training grid, at a test grid with interpolate_from
+    = 8, scores q and k as DINOv3's RoPE on coordinates normalised to that grid: the shift of
+    the coordinates adds one angle to every query and key and cancels in q.k (not in q' and
+    k' themselves). Both in float64; each angle is at most (2 pi) 2 and our frequencies
+    carry a few U64, so each coordinate is within U64 (4 * 4 pi + 16) (|a| + |b|) of exact."""
+    model = TinyGridEncoder(lambda: build_scheme("axial-norm", 64, 4, 8), d_model=64, n_heads=4)
+    scheme = model.for_grid((side, side), interpolate_from=(8, 8)).schemes[0]
+    q, k = _qk(side * side)
+    pos = grid_positions((side, side))
+    got = scores(*scheme.rotate(q, k, pos, pos))
+    theta = dinov3_angles(side, 16)
+    want = scores(rotate_ref(q, theta, "half"), rotate_ref(k, theta, "half"))
+    assert_within(got, want, score_tol(q, k, U64 * (16 * math.pi + 16)))
+    # the rotated vectors themselves differ (by the shift's angle): this is not a tautology
+    assert (scheme.rotate(q, k, pos, pos)[0] - rotate_ref(q, theta, "half")).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("side", [8, 24])
+def test_normalised_coordinates_match_transformers_dinov3(side):
+    """Against transformers' DINOv3ViTRopePositionEmbedding and its rotation (half layout,
+    ``q cos + rotate_half(q) sin``), whose tables are float32: its angles 2 pi c f (at most
+    2 pi) carry the rounding of c (3 U32), of f (pow_bound(100)) and of two products (2 U32),
+    and cos/sin 2 U32 more, so each coordinate is within (2 pi (pow_bound(100) / U32 + 5) + 4)
+    U32 (|a| + |b|) of exact."""
+    mod = pytest.importorskip("transformers.models.dinov3_vit.modeling_dinov3_vit")
+    cfg = pytest.importorskip("transformers.models.dinov3_vit.configuration_dinov3_vit")
+    config = cfg.DINOv3ViTConfig(hidden_size=64, num_attention_heads=4, patch_size=1, image_size=side,
+                                 rope_theta=100.0)
+    rope = mod.DINOv3ViTRopePositionEmbedding(config).eval()  # in training it rescales the coordinates at random
+    cos, sin = rope(torch.zeros(1, 3, side, side))
+    q, k = _qk(side * side)
+    hf = [x * cos.double() + mod.rotate_half(x) * sin.double() for x in (q, k)]
+    model = TinyGridEncoder(lambda: build_scheme("axial-norm", 64, 4, 8), d_model=64, n_heads=4)
+    scheme = model.for_grid((side, side), interpolate_from=(8, 8)).schemes[0]
+    pos = grid_positions((side, side))
+    got = scores(*scheme.rotate(q, k, pos, pos))
+    err = (2 * math.pi * (pow_bound(100.0) / U32 + 5) + 4) * U32 + U64 * (16 * math.pi + 16)
+    assert_within(got, scores(*hf), score_tol(q, k, err))
+
+
+def test_axial_norm_trains_on_its_own_grid_with_frequencies_4_pi_over_g():
+    scheme = build_scheme("axial-norm", 64, 4, 8)
+    assert scheme.layout == "half" and scheme.base == 100.0
+    want = AxialRoPE(16, 2, base=100.0).freqs64 * (4 * math.pi / 8)
+    torch.testing.assert_close(scheme.freqs64, want, rtol=2 * U64, atol=0)
+    torch.testing.assert_close(scheme.freqs.double(), want, rtol=U32, atol=0)
+
+
+# ----------------------------------------------------------------------------- stored flags and digests
+
+
+def test_pack_hits_round_trip_and_layout():
+    """The first flag in the high bit of the first byte, zero padding: written out by hand."""
+    flags = [True, False, True, True, False, False, False, True, True, True, False]
+    assert pack_hits(flags) == f"{0b10110001:02x}{0b11000000:02x}"
+    assert pack_hits(torch.tensor(flags)) == pack_hits(flags)
+    for n in (0, 1, 8, 9, 1000):
+        x = torch.rand(n, generator=torch.Generator().manual_seed(n)) < 0.3
+        text = pack_hits(x)
+        assert len(text) == 2 * math.ceil(n / 8)
+        assert unpack_hits(text, n).tolist() == x.tolist()
+    with pytest.raises(ValueError, match=r"text must hold 2 \* ceil\(n / 8\) = 4 hex characters for n = 11"):
+        unpack_hits("b1", 11)
+    with pytest.raises(ValueError, match="text sets padding bits past n = 9"):
+        unpack_hits("b1ff", 9)
+    with pytest.raises(ValueError, match="text must be a hex string"):
+        unpack_hits("zz", 8)
+    with pytest.raises(TypeError, match="text must be a hex string"):
+        unpack_hits(b"b1", 8)
+    with pytest.raises(TypeError, match="hits must be a 1-D sequence of bools"):
+        pack_hits([1, 0, 1])
+    with pytest.raises(TypeError, match="hits must be a 1-D sequence of bools"):
+        pack_hits(torch.ones(2, 2, dtype=torch.bool))
+
+
+def test_batch_digest_identifies_the_examples():
+    a = eval_batch(GridTask().at(12), 50)
+    assert batch_digest(a) == batch_digest(eval_batch(GridTask().at(12), 50))
+    assert batch_digest(a) != batch_digest(eval_batch(GridTask().at(12), 51))
+    assert batch_digest(a) != batch_digest(eval_batch(GridTask().at(16), 50))
+    moved = a._replace(labels=a.labels.flip(0))
+    assert batch_digest(moved) != batch_digest(a)
+    with pytest.raises(TypeError, match="batch must be a GridBatch"):
+        batch_digest(a.tokens)
+
+
+def test_runs_store_counts_flags_and_the_same_examples():
+    """Per grid and evaluation: the number right of the number scored, and which, read back
+    against the returned model scored again; the held-out grids are identical for two schemes
+    (same digest) and differ from grid to grid."""
+    grids = (4, 6)
+    task = GridTask(grid=4)
+    runs = {}
+    for name in ("axial", "axial-norm", "learned"):
+        res, model = train_and_eval(name, 0, 3, grids=grids, task=task, settings=TINY, return_model=True)
+        runs[name] = res
+        interp = 4 if name == "axial-norm" else None
+        for kind in ("full", "shifted", "window", "interpolated"):
+            for g, text in res["hits"][kind].items():
+                n = res["evaluated"][kind][g]
+                assert n == TINY.eval_size
+                flags = unpack_hits(text, n)
+                assert res["correct"][kind][g] == int(flags.sum())
+        for g in grids:
+            batch = eval_batch(task.at(g), TINY.eval_size)
+            want = example_hits(model, batch, g, interpolate_from=interp).all(-1)
+            assert unpack_hits(res["hits"]["full"][str(g)], TINY.eval_size).tolist() == want.tolist()
+            assert res["accuracy"][str(g)] == res["correct"]["full"][str(g)] / TINY.eval_size
+            assert res["eval_digest"][str(g)] == batch_digest(batch)
+        if name == "axial":  # position interpolation is scored for the integer-position RoPEs only
+            want = example_hits(model, eval_batch(task.at(6), TINY.eval_size), 6, interpolate_from=4).all(-1)
+            assert unpack_hits(res["hits"]["interpolated"]["6"], TINY.eval_size).tolist() == want.tolist()
+        else:
+            assert res["interpolated_accuracy"] == {} and res["hits"]["interpolated"] == {}
+        assert set(res["correct"]["shifted"]) == {"6"}
+    assert runs["axial"]["eval_digest"] == runs["learned"]["eval_digest"]
+    assert runs["axial"]["eval_digest"]["4"] != runs["axial"]["eval_digest"]["6"]
+
+
 # ----------------------------------------------------------------------------- training
 
 
@@ -292,6 +549,11 @@ def test_summarize_means_minima_and_maxima():
     assert s["axial"]["seeds"] == 3 and row["min"] == 0.2 and row["max"] == 0.5
     assert math.isclose(row["mean"], 0.3)
     assert s["nope"]["by_grid"]["8"] == {"mean": 0.02, "min": 0.02, "max": 0.02}
+    assert s["axial"]["interpolated"] == {}  # runs stored before the diagnostic existed
+    runs = [dict(run("axial", 1.0, 0.5), interpolated_accuracy={"16": 0.1}),
+            dict(run("axial", 1.0, 0.5), interpolated_accuracy={"16": 0.3})]
+    row = summarize(runs)["axial"]["interpolated"]["16"]
+    assert math.isclose(row["mean"], 0.2) and (row["min"], row["max"]) == (0.1, 0.3)
 
 
 def test_command_line_writes_a_result(tmp_path):
@@ -305,6 +567,9 @@ def test_command_line_writes_a_result(tmp_path):
     assert list(data["summary"]) == ["nope", "axial"]
     assert set(data["summary"]["axial"]["by_grid"]) == {"8", "12"}
     assert data["steps"] == 2 and data["settings"]["eval_size"] == 8 and "reduced" not in data
+    assert data["eval_seed"] == EVAL_SEED
+    assert all(r["eval_digest"] == data["eval_digest"] for r in data["runs"])
+    assert data["eval_digest"]["12"] == batch_digest(eval_batch(GridTask().at(12), 8))
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -478,5 +743,5 @@ def test_command_line_valid_flags_reach_run_all_unchanged(tmp_path, no_work):
     with pytest.raises(_WorkStarted):
         main(["--out", str(tmp_path / "g.json")])
     (name, args, kwargs), = no_work
-    assert args == (list(SCHEMES), [0, 1, 2], grid_task.STEPS) and kwargs["grids"] == list(grid_task.GRIDS)
+    assert args == (list(SCHEMES), [0, 1, 2, 3, 4], grid_task.STEPS) and kwargs["grids"] == list(grid_task.GRIDS)
     assert kwargs["settings"] == TrainSettings()

@@ -21,7 +21,13 @@ The model reads its output at the marker's token and predicts ``dr`` and ``dc`` 
 The experiment trains at ``G = 8`` and evaluates at ``G = 8, 12, 16, 24`` with the same
 offsets: a larger grid holds absolute positions never seen in training but only relative
 offsets that were. That is *resolution extrapolation* as Heo et al. :cite:`heo2024ropevit`
-measure it for ViTs (more patches of the same size). The schemes (:func:`build_scheme`):
+measure it for ViTs (more patches of the same size). The offsets are counted in patches and
+the content does not grow with the grid, so the task favours encodings that keep patch
+offsets (the RoPEs with integer positions) and penalises, by construction, every practice
+that keeps *relative places* in the image instead: the resized learned table, position
+interpolation and normalised coordinates below all shrink a 3-patch offset at ``G = 24`` to
+one patch of the training grid. They are here because they are what vision models do at a
+new resolution, not because this task can reward them. The schemes (:func:`build_scheme`):
 
 * ``"learned"``: :class:`~companion.grid.LearnedGridEmbedding` ``((8, 8), d_model)``; at a
   test grid ``G != 8`` its table is resampled to ``(G, G)`` (bicubic,
@@ -33,11 +39,45 @@ measure it for ViTs (more patches of the same size). The schemes (:func:`build_s
 * ``"mixed"``: :class:`~companion.grid.MixedRoPE` ``(head_dim, n_heads, base=10)``, learned
   frequencies, one scheme per layer as rope-vit does;
 * ``"nope"``: :class:`~companion.attention.NoPE`, the floor: a bidirectional encoder
-  without positions is permutation-equivariant and cannot tell one offset from another.
+  without positions is permutation-equivariant and cannot tell one offset from another;
+* ``"axial-b10"`` and ``"mixed-b100"``: the two RoPEs with each other's base. rope-vit's
+  defaults differ (axial 100, mixed 10), and at an offset of 23 patches the slowest pair of
+  a head of 16 turns ``23 * 10 ** -0.75 = 4.1`` rad at base 10 against ``23 * 100 ** -0.75
+  = 0.73`` rad at base 100; with both bases run for both schemes, mixing the axes and the
+  base are separate factors. At a shared base the two start from the same frequency
+  magnitudes (``base ** (-4 i / head_dim)``), and a mixed head at angle 0 *is* the axial one;
+* ``"axial-norm"``: normalised coordinates, DINOv3's RoPE (Simeoni et al., 2025): each axis
+  of a ``G``-grid is mapped to patch centres ``c = 2 (p + 1/2) / G - 1`` in ``(-1, 1)``, and
+  pair ``i`` of an axis turns by ``2 pi c 100 ** (-4 i / head_dim)`` (half layout, row pairs
+  first): with head dim 16, one patch of the 8 x 8 training grid turns the fastest pair by
+  ``pi / 2`` and the slowest by ``pi / 63``, and the whole image (``c`` from -1 to 1) turns
+  the slowest by ``4 pi / 31.6 = 0.4`` rad, far less than a turn. NaViT (Dehghani et al., 2023) normalises
+  coordinates to ``[0, 1)`` the same way for its learned factorised tables. At every test
+  grid the coordinates are normalised to that grid (see below for why this equals position
+  interpolation). DINOv3 also trains with random shifts and rescalings of the coordinates
+  (HuggingFace's ``pos_embed_rescale = 2``: a log-uniform factor in ``[1/2, 2]``); this
+  scheme does not, so it measures the normalisation alone.
+
+**Position interpolation** (:cite:`chen2023extending`; FiT, Lu et al. 2024, applies this
+family of training-free rescalings to a 2-D RoPE per axis, with its NTK and YaRN variants): at
+a test grid ``G`` the integer positions are scaled by ``G_train / G``, so that the test grid
+spans the training grid's range. Every run of a RoPE with integer positions (``"axial"``,
+``"mixed"`` and their other-base twins) is also scored that way, on the same held-out grids
+(``interpolated_accuracy``): :meth:`TinyGridEncoder.for_grid` with ``interpolate_from``. A
+RoPE angle is a position times a frequency, so scaling the positions by ``s`` is scaling the
+frequencies by ``s`` (:func:`scale_positions`, what HuggingFace's linear scaling does to
+``inv_freq``): the rotary functions of :mod:`companion.grid` take integer positions only, and
+need no fractional ones. Normalised coordinates are the same map plus a shift, ``c = 2 p / G +
+(1 / G - 1)``, and a shift of every position adds the same angle to a query and a key, which
+cancels in their dot product: so ``"axial-norm"`` is axial RoPE whose frequencies are scaled
+by ``4 pi / G``, and at a test grid it is position interpolation of its own training grid,
+exactly.
 
 The model is :class:`TinyGridEncoder`, a small bidirectional ViT-style encoder. The command
 line trains every scheme with several seeds and stores the accuracies per grid size, the
-loss curves and the times with provenance::
+number right out of the number scored (:func:`pack_hits` stores which ones; the held-out
+grids are the same for every scheme and seed, :func:`eval_batch`, and each run stores their
+:func:`batch_digest`), the loss curves and the times with provenance::
 
     python -m companion.lab.grid_task --out chapters/data/12_grid.json
 
@@ -48,7 +88,9 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import math
+import numbers
 import shlex
 import sys
 import time
@@ -56,6 +98,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -78,15 +121,22 @@ __all__ = [
     "GridBatch",
     "make_batch",
     "eval_batch",
+    "batch_digest",
     "SCHEMES",
+    "NORMALIZED",
     "build_scheme",
+    "scale_positions",
     "TinyGridEncoder",
     "TrainSettings",
+    "example_hits",
     "accuracy",
+    "pack_hits",
+    "unpack_hits",
     "train_and_eval",
     "run_all",
     "summarize",
     "STEPS",
+    "SEEDS",
     "PER_LAYER",
     "REDUCED",
     "reduced_run",
@@ -101,6 +151,11 @@ GRIDS: tuple[int, ...] = (8, 12, 16, 24)
 
 #: Optimiser steps of a run (the chapter's recipe, with :class:`TrainSettings`' defaults).
 STEPS = 1000
+
+#: Seeds of every scheme in the command line's default run: five, so that a comparison of two
+#: schemes can be checked seed by seed (the chapter compares axial and mixed RoPE, at their
+#: own bases and at each other's, head to head).
+SEEDS: tuple[int, ...] = (0, 1, 2, 3, 4)
 
 #: Seed of the held-out set of grid size ``G`` is ``EVAL_SEED + G``; training batches come
 #: from the run's own seed (a small int), so no held-out grid is drawn from a training stream.
@@ -234,6 +289,20 @@ def eval_batch(task: GridTask, size: int = 1000) -> GridBatch:
     return make_batch(size, EVAL_SEED + task.grid, task)
 
 
+def batch_digest(batch: GridBatch) -> str:
+    """The SHA-256 (hex) of a batch's tokens, marker indices and labels, as little-endian
+    int64: two batches with the same digest hold the same grids in the same order. Each run
+    stores the digest of its held-out grids, so that a reader of the stored result can check
+    that every scheme and seed was scored on the same examples (what paired comparisons
+    need)."""
+    if not isinstance(batch, GridBatch):
+        raise TypeError(f"batch must be a GridBatch, got {type(batch).__name__}")
+    digest = hashlib.sha256()
+    for t in (batch.tokens, batch.marker_index, batch.labels):
+        digest.update(np.ascontiguousarray(t.detach().cpu().numpy(), dtype="<i8").tobytes())
+    return digest.hexdigest()
+
+
 # ----------------------------------------------------------------------------- schemes
 
 
@@ -257,6 +326,19 @@ def _nope(head_dim: int, n_heads: int, d_model: int, grid: int) -> PositionSchem
     return NoPE()
 
 
+def _axial_b10(head_dim: int, n_heads: int, d_model: int, grid: int) -> PositionScheme:
+    return AxialRoPE(head_dim, 2, base=10.0)
+
+
+def _mixed_b100(head_dim: int, n_heads: int, d_model: int, grid: int) -> PositionScheme:
+    return MixedRoPE(head_dim, n_heads, base=100.0)
+
+
+def _axial_norm(head_dim: int, n_heads: int, d_model: int, grid: int) -> PositionScheme:
+    # DINOv3: angle 2 pi c f with c = 2 (p + 1/2) / G - 1; the shift cancels, the scale is 4 pi / G
+    return scale_positions(AxialRoPE(head_dim, 2, base=100.0, layout="half"), 4 * math.pi / grid)
+
+
 #: The schemes this task compares, ``name -> factory(head_dim, n_heads, d_model, grid)``.
 SCHEMES: dict[str, Callable[[int, int, int, int], PositionScheme]] = {
     "learned": _learned,
@@ -264,11 +346,21 @@ SCHEMES: dict[str, Callable[[int, int, int, int], PositionScheme]] = {
     "axial": _axial,
     "mixed": _mixed,
     "nope": _nope,
+    "axial-b10": _axial_b10,
+    "mixed-b100": _mixed_b100,
+    "axial-norm": _axial_norm,
 }
 
 #: Schemes built once per layer (rope-vit learns each layer's mixed frequencies); the others
 #: are one instance shared by all layers.
-PER_LAYER: frozenset[str] = frozenset({"mixed"})
+PER_LAYER: frozenset[str] = frozenset({"mixed", "mixed-b100"})
+
+#: Schemes whose positions are normalised to the grid they read: at every test grid they are
+#: scored with ``interpolate_from`` the training grid (:meth:`TinyGridEncoder.for_grid`).
+NORMALIZED: frozenset[str] = frozenset({"axial-norm"})
+
+#: The grid RoPEs whose positions :func:`scale_positions` can scale.
+_GRID_ROPES = (AxialRoPE, MixedRoPE)
 
 
 def build_scheme(name: str, d_model: int = 64, n_heads: int = 4, grid: int = 8) -> PositionScheme:
@@ -276,7 +368,11 @@ def build_scheme(name: str, d_model: int = 64, n_heads: int = 4, grid: int = 8) 
     ``n_heads`` heads (head dim ``d_model // n_heads``) trained on ``grid x grid`` grids:
     ``LearnedGridEmbedding((grid, grid), d_model)``, ``Sinusoidal2DEmbedding(d_model)``,
     ``AxialRoPE(head_dim, 2, base=100.0)``, ``MixedRoPE(head_dim, n_heads, base=10.0)`` (its
-    random init angles come from torch's global generator) or ``NoPE()``."""
+    random init angles come from torch's global generator), ``NoPE()``, the same RoPEs at each
+    other's base (``"axial-b10"``, ``"mixed-b100"``), or ``"axial-norm"``:
+    ``scale_positions(AxialRoPE(head_dim, 2, base=100.0, layout="half"), 4 * pi / grid)``,
+    DINOv3's RoPE on coordinates normalised to the ``grid x grid`` grid (see the module
+    docstring)."""
     if not isinstance(name, str) or name not in SCHEMES:
         raise ValueError(f"name must be one of {tuple(SCHEMES)}, got {name!r}")
     check_positive_int(d_model, "d_model")
@@ -285,6 +381,56 @@ def build_scheme(name: str, d_model: int = 64, n_heads: int = 4, grid: int = 8) 
     if d_model % n_heads:
         raise ValueError(f"d_model ({d_model}) must be a multiple of n_heads ({n_heads})")
     return SCHEMES[name](d_model // n_heads, n_heads, d_model, grid)
+
+
+def scale_positions(scheme: PositionScheme, factors: float | Sequence[float]) -> PositionScheme:
+    """A copy of a grid RoPE that reads every position ``p`` on axis ``a`` as ``factors[a] * p``.
+
+    An :class:`~companion.grid.AxialRoPE` or :class:`~companion.grid.MixedRoPE` turns pair
+    ``j`` by ``sum_a p_a F[a, j]`` (:func:`companion.grid.grid_rope_angles`), so scaled
+    positions ``s_a p_a`` give the angles of the frequency matrix with row ``a`` scaled by
+    ``s_a``: the copy has those frequencies (computed in float64, the float32 ones rounded
+    from them, a row with factor 1 kept bit for bit; a mixed RoPE's learned float32 matrix
+    times ``s_a``, rounded once), and takes
+    the same integer positions as the original. This is how HuggingFace's linear RoPE scaling
+    applies position interpolation (``inv_freq / factor``), per axis. With ``factors =
+    G_train / G`` it is position interpolation at a ``G x G`` test grid
+    (:cite:`chen2023extending`); with ``2 / G`` (times ``2 pi``) it is the scale of
+    normalised coordinates ``2 (p + 1/2) / G - 1``, whose shift adds the same angle to every
+    query and key and so leaves every score unchanged.
+
+    Args:
+        scheme: an :class:`~companion.grid.AxialRoPE` or a :class:`~companion.grid.MixedRoPE`
+            (left unchanged; a mixed RoPE's copy is a fresh parameter, trainable as the
+            original).
+        factors: one finite number > 0 for every axis, or one per axis
+            (``scheme.position_axes`` of them).
+
+    Returns:
+        The scaled copy, of the same class.
+
+    Raises:
+        TypeError: ``scheme`` is not a grid RoPE; a factor that is not a number.
+        ValueError: a factor that is not finite and > 0, or not one per axis.
+    """
+    if not isinstance(scheme, _GRID_ROPES):
+        raise TypeError(f"scheme must be an AxialRoPE or a MixedRoPE (a grid RoPE whose angles are positions "
+                        f"times frequencies), got {type(scheme).__name__}")
+    axes = scheme.position_axes
+    if isinstance(factors, numbers.Real) and not isinstance(factors, bool):
+        factors = (factors,) * axes
+    if not isinstance(factors, (tuple, list)) or len(factors) != axes:
+        raise ValueError(f"factors must be one number or {axes} of them (one per axis of the scheme), got {factors!r}")
+    scale = torch.tensor([check_finite_number(f, "factors") for f in factors], dtype=torch.float64)[:, None]
+    out = copy.deepcopy(scheme)
+    with torch.no_grad():
+        if isinstance(out, AxialRoPE):
+            scale = scale.to(out.freqs64.device)
+            out.freqs64.mul_(scale)
+            out.freqs.copy_(torch.where(scale == 1.0, out.freqs, out.freqs64.float()))  # a factor 1 keeps the row
+        else:
+            out.freqs.copy_(out.freqs.double() * scale.to(out.freqs.device))
+    return out
 
 
 # ----------------------------------------------------------------------------- the model
@@ -416,16 +562,36 @@ class TinyGridEncoder(nn.Module):
         """The scheme of block ``layer``."""
         return self.schemes[layer if self.per_layer else 0]
 
-    def for_grid(self, shape: tuple[int, int]) -> "TinyGridEncoder":
-        """The model to evaluate on ``shape`` grids: ``self`` if no learned table needs
-        resizing, else a copy whose :class:`~companion.grid.LearnedGridEmbedding` tables are
-        resampled to ``shape`` (:meth:`~companion.grid.LearnedGridEmbedding.resized`)."""
+    def for_grid(self, shape: tuple[int, int], *, interpolate_from: tuple[int, int] | None = None) -> "TinyGridEncoder":
+        """The model to evaluate on ``shape`` grids: ``self`` if nothing needs changing, else a
+        copy whose :class:`~companion.grid.LearnedGridEmbedding` tables are resampled to
+        ``shape`` (:meth:`~companion.grid.LearnedGridEmbedding.resized`) and, with
+        ``interpolate_from = (H_train, W_train)``, whose grid RoPEs read each position on axis
+        0 as ``p * H_train / H`` and on axis 1 as ``p * W_train / W`` (:func:`scale_positions`):
+        position interpolation, so that the ``shape`` grid spans the range of the training
+        grid's positions.
+
+        Raises:
+            ValueError: a bad ``shape`` or ``interpolate_from``, or ``interpolate_from`` for a
+                model without a grid RoPE (:class:`~companion.grid.AxialRoPE`,
+                :class:`~companion.grid.MixedRoPE`).
+        """
         shape = _check_shape(shape)
+        factors = None
+        if interpolate_from is not None:
+            train = _check_shape(interpolate_from, "interpolate_from")
+            if not any(isinstance(s, _GRID_ROPES) for s in self.schemes):
+                raise ValueError(f"interpolate_from needs a model with a grid RoPE (AxialRoPE or MixedRoPE), "
+                                 f"got a {type(self.schemes[0]).__name__}")
+            if train != shape:
+                factors = (train[0] / shape[0], train[1] / shape[1])
         resize = [isinstance(s, LearnedGridEmbedding) and tuple(s.table.shape[:-1]) != shape for s in self.schemes]
-        if not any(resize):
+        if not any(resize) and factors is None:
             return self
         clone = copy.deepcopy(self)
-        clone.schemes = nn.ModuleList(s.resized(shape) if r else s for s, r in zip(clone.schemes, resize))
+        clone.schemes = nn.ModuleList(
+            s.resized(shape) if r else scale_positions(s, factors) if factors and isinstance(s, _GRID_ROPES) else s
+            for s, r in zip(clone.schemes, resize))
         return clone
 
     def forward(self, tokens: Tensor, shape: tuple[int, int], marker_index: Tensor, *,
@@ -475,10 +641,10 @@ class TinyGridEncoder(nn.Module):
         return self.heads(self.ln_f(x[:, 0])).view(b, 2, self.n_classes)
 
 
-def _check_shape(shape: object) -> tuple[int, int]:
+def _check_shape(shape: object, name: str = "shape") -> tuple[int, int]:
     if not isinstance(shape, (tuple, list)) or len(shape) != 2:
-        raise ValueError(f"shape must be a (rows, columns) pair of ints, got {shape!r}")
-    return (check_positive_int(shape[0], "shape"), check_positive_int(shape[1], "shape"))
+        raise ValueError(f"{name} must be a (rows, columns) pair of ints, got {shape!r}")
+    return (check_positive_int(shape[0], name), check_positive_int(shape[1], name))
 
 
 # ----------------------------------------------------------------------------- training
@@ -520,13 +686,16 @@ class TrainSettings:
             raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})")
 
 
-def accuracy(model: TinyGridEncoder, batch: GridBatch, side: int, chunk: int = 250, *,
-             offset: int = 0, window: int | None = None) -> dict[str, float]:
-    """The fraction of ``batch`` (grids of side ``side``) whose offset the model gets right:
-    ``{"both": both heads right, "dr": the row head right, "dc": the column head right}``.
-    Runs without gradients in chunks of ``chunk`` grids; uses :meth:`TinyGridEncoder.for_grid`
-    with the frame ``side + offset``. ``offset`` and ``window`` are the diagnostics of
-    :meth:`TinyGridEncoder.forward`."""
+def example_hits(model: TinyGridEncoder, batch: GridBatch, side: int, chunk: int = 250, *, offset: int = 0,
+                 window: int | None = None, interpolate_from: int | None = None) -> Tensor:
+    """Which heads the model gets right on each grid of ``batch`` (grids of side ``side``):
+    bool ``(batch, 2)``, column 0 the row offset ``dr``, column 1 the column offset ``dc``.
+
+    Runs without gradients in chunks of ``chunk`` grids, on :meth:`TinyGridEncoder.for_grid`
+    with the frame ``side + offset`` (and ``interpolate_from = (i, i)`` for
+    ``interpolate_from = i``: position interpolation from an ``i x i`` training grid).
+    ``offset`` and ``window`` are the diagnostics of :meth:`TinyGridEncoder.forward`.
+    """
     if not isinstance(batch, GridBatch):
         raise TypeError(f"batch must be a GridBatch, got {type(batch).__name__}")
     check_positive_int(side, "side")
@@ -534,7 +703,8 @@ def accuracy(model: TinyGridEncoder, batch: GridBatch, side: int, chunk: int = 2
     if batch.tokens.shape[1] != side * side:
         raise ValueError(f"batch holds {batch.tokens.shape[1]} tokens per grid, not side * side = {side * side}")
     check_positive_int(offset, "offset", 0)
-    net = model.for_grid((side + offset, side + offset))
+    train = None if interpolate_from is None else (check_positive_int(interpolate_from, "interpolate_from"),) * 2
+    net = model.for_grid((side + offset, side + offset), interpolate_from=train)
     was_training = net.training
     net.eval()
     right = []
@@ -545,10 +715,60 @@ def accuracy(model: TinyGridEncoder, batch: GridBatch, side: int, chunk: int = 2
                        window=window).argmax(-1)
             right.append(pred == batch.labels[sl])
     model.train(was_training)
-    hit = torch.cat(right)
+    return torch.cat(right)
+
+
+def accuracy(model: TinyGridEncoder, batch: GridBatch, side: int, chunk: int = 250, *,
+             offset: int = 0, window: int | None = None, interpolate_from: int | None = None) -> dict[str, float]:
+    """The fraction of ``batch`` (grids of side ``side``) whose offset the model gets right:
+    ``{"both": both heads right, "dr": the row head right, "dc": the column head right}``,
+    from :func:`example_hits` (same arguments)."""
+    hit = example_hits(model, batch, side, chunk, offset=offset, window=window,
+                       interpolate_from=interpolate_from)
     both = hit.all(-1).double()
     hit = hit.double()
     return {"both": float(both.mean()), "dr": float(hit[:, 0].mean()), "dc": float(hit[:, 1].mean())}
+
+
+def pack_hits(hits: Tensor | Sequence[bool]) -> str:
+    """Per-example right/wrong flags as a hex string, 8 examples a byte, the first example in
+    the high bit (``numpy.packbits``), the last byte padded with zero bits: 250 characters for
+    1000 examples. :func:`unpack_hits` reads it back.
+
+    Raises:
+        TypeError: ``hits`` is not a 1-D sequence or tensor of bools.
+    """
+    try:
+        flags = np.asarray(hits.detach().cpu() if isinstance(hits, Tensor) else hits)
+    except (TypeError, ValueError) as exc:  # ragged nesting
+        raise TypeError(f"hits must be a 1-D sequence of bools, got a ragged {type(hits).__name__}") from exc
+    if flags.dtype != np.bool_ or flags.ndim != 1:
+        raise TypeError(f"hits must be a 1-D sequence of bools, got {flags.ndim}-D {flags.dtype}")
+    return np.packbits(flags).tobytes().hex()
+
+
+def unpack_hits(text: str, n: int) -> np.ndarray:
+    """The ``n`` flags that :func:`pack_hits` wrote as ``text``: a bool array ``(n,)``.
+
+    Raises:
+        TypeError: ``text`` is not a string, ``n`` not an int.
+        ValueError: ``text`` is not hex, its length is not that of ``n`` flags
+            (``2 ceil(n / 8)`` characters), or a padding bit is set.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a hex string from pack_hits, got {type(text).__name__}")
+    check_positive_int(n, "n", 0)
+    if len(text) != 2 * math.ceil(n / 8):
+        raise ValueError(f"text must hold 2 * ceil(n / 8) = {2 * math.ceil(n / 8)} hex characters for n = {n} "
+                         f"flags, got {len(text)}")
+    try:
+        raw = bytes.fromhex(text)
+    except ValueError as exc:
+        raise ValueError(f"text must be a hex string from pack_hits, got {text[:40]!r}") from exc
+    flags = np.unpackbits(np.frombuffer(raw, dtype=np.uint8)).astype(bool)
+    if flags[n:].any():
+        raise ValueError(f"text sets padding bits past n = {n} flags: it holds more flags, or is not from pack_hits")
+    return flags[:n]
 
 
 def _build_model(scheme_name: str, task: GridTask, s: TrainSettings) -> TinyGridEncoder:
@@ -594,8 +814,17 @@ def train_and_eval(scheme_name: str, seed: int, steps: int = STEPS, *, task: Gri
         placed at offset ``G - task.grid``, the far corner of a ``G x G`` frame) and
         ``window_accuracy`` (``{str(G): ...}``: the ``G`` grids with attention limited to keys
         within Chebyshev distance ``task.grid - 1``), both empty for schemes without 2-D
-        positions,
-        ``chance``, and the ``task`` and ``settings`` as dicts.
+        positions, ``interpolated_accuracy`` (``{str(G): ...}`` for ``G > task.grid``: the
+        ``G`` grids with position interpolation from ``task.grid``, for the grid RoPEs with
+        integer positions; empty for the others, and for :data:`NORMALIZED` schemes, whose
+        every score is interpolated), ``chance``, and the ``task`` and ``settings`` as dicts.
+        Per evaluation ``kind`` (``"full"`` for ``accuracy``, ``"shifted"``, ``"window"``,
+        ``"interpolated"``), with the grid keys of its accuracy: ``correct`` (``{kind:
+        {str(G): examples with both heads right}}``), ``evaluated`` (likewise, the examples
+        scored) and ``hits`` (likewise, :func:`pack_hits` of the per-example flags, in the
+        order of :func:`eval_batch`; the shifted grids are those of ``eval_batch`` at
+        ``task.grid``); and ``eval_digest`` (``{str(G): batch_digest(eval_batch(...))}``, the
+        identity of the held-out grids).
     """
     if not isinstance(scheme_name, str) or scheme_name not in SCHEMES:
         raise ValueError(f"scheme_name must be one of {tuple(SCHEMES)}, got {scheme_name!r}")
@@ -635,23 +864,33 @@ def train_and_eval(scheme_name: str, seed: int, steps: int = STEPS, *, task: Gri
             curve["loss"].append(sum(window) / len(window))
     train_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    acc, axis = {}, {}
-    for g, t in tests.items():
-        res = accuracy(model, eval_batch(t, s.eval_size), g)
-        acc[str(g)] = res["both"]
-        axis[str(g)] = {"dr": res["dr"], "dc": res["dc"]}
+    interp = task.grid if scheme_name in NORMALIZED else None  # normalised coordinates: every grid
+    kinds = ("full", "shifted", "window", "interpolated")
+    hits: dict[str, dict[str, Tensor]] = {kind: {} for kind in kinds}
+    batches = {g: eval_batch(t, s.eval_size) for g, t in tests.items()}
+    for g in grids:
+        hits["full"][str(g)] = example_hits(model, batches[g], g, interpolate_from=interp)
     # Diagnostics at the larger grids, for 2-D schemes: the training grid shifted to the far
-    # corner of a G x G frame (new absolute positions, nothing else new), and the G x G grid
-    # with attention limited to keys within the training grid's largest offset (G_train - 1).
-    shifted, windowed = {}, {}
+    # corner of a G x G frame (new absolute positions, nothing else new), the G x G grid with
+    # attention limited to keys within the training grid's largest offset (G_train - 1), and
+    # for grid RoPEs on integer positions the G x G grid with position interpolation.
     if _axes(model.schemes[0]) == 2:
         base = eval_batch(task, s.eval_size)
+        rope = isinstance(model.schemes[0], _GRID_ROPES) and interp is None
         for g in grids:
             if g > task.grid:
-                shifted[str(g)] = accuracy(model, base, task.grid, offset=g - task.grid)["both"]
-                windowed[str(g)] = accuracy(model, eval_batch(tests[g], s.eval_size), g,
-                                            window=task.grid - 1)["both"]
+                hits["shifted"][str(g)] = example_hits(model, base, task.grid, offset=g - task.grid,
+                                                       interpolate_from=interp)
+                hits["window"][str(g)] = example_hits(model, batches[g], g, window=task.grid - 1,
+                                                      interpolate_from=interp)
+                if rope:
+                    hits["interpolated"][str(g)] = example_hits(model, batches[g], g, interpolate_from=task.grid)
     eval_seconds = time.perf_counter() - start
+    both = {kind: {g: h.all(-1) for g, h in by.items()} for kind, by in hits.items()}
+
+    def rate(kind: str) -> dict[str, float]:
+        return {g: float(b.double().mean()) for g, b in both[kind].items()}
+
     tail = losses[-s.log_every:]
     result = {
         "scheme": scheme_name,
@@ -661,10 +900,16 @@ def train_and_eval(scheme_name: str, seed: int, steps: int = STEPS, *, task: Gri
         "eval_seconds": eval_seconds,
         "loss_curve": curve,
         "final_loss": sum(tail) / len(tail),
-        "accuracy": acc,
-        "axis_accuracy": axis,
-        "shifted_accuracy": shifted,
-        "window_accuracy": windowed,
+        "accuracy": rate("full"),
+        "axis_accuracy": {g: {"dr": float(h[:, 0].double().mean()), "dc": float(h[:, 1].double().mean())}
+                          for g, h in hits["full"].items()},
+        "shifted_accuracy": rate("shifted"),
+        "window_accuracy": rate("window"),
+        "interpolated_accuracy": rate("interpolated"),
+        "correct": {kind: {g: int(b.sum()) for g, b in by.items()} for kind, by in both.items()},
+        "evaluated": {kind: {g: int(b.numel()) for g, b in by.items()} for kind, by in both.items()},
+        "hits": {kind: {g: pack_hits(b) for g, b in by.items()} for kind, by in both.items()},
+        "eval_digest": {str(g): batch_digest(b) for g, b in batches.items()},
         "chance": task.chance,
         "task": asdict(task),
         "settings": asdict(s),
@@ -693,8 +938,9 @@ def run_all(schemes: Sequence[str], seeds: Sequence[int], steps: int = STEPS, *,
 def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per scheme (in first-seen order) and grid size, the mean, minimum and maximum accuracy
     over its runs: ``{scheme: {"seeds": n, "by_grid": {str(G): {"mean", "min", "max"}},
-    "shifted": {...}, "window": {...}}}``, the last two from the diagnostics
-    (``shifted_accuracy``, ``window_accuracy``; empty for schemes without them)."""
+    "shifted": {...}, "window": {...}, "interpolated": {...}}}``, the last three from the
+    diagnostics (``shifted_accuracy``, ``window_accuracy``, ``interpolated_accuracy``; empty
+    for schemes without them, and for runs stored before a diagnostic existed)."""
     def stats(vals: list[float]) -> dict[str, float]:
         return {"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals)}
 
@@ -702,7 +948,8 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for name in dict.fromkeys(r["scheme"] for r in runs):
         mine = [r for r in runs if r["scheme"] == name]
         entry: dict[str, Any] = {"seeds": len(mine)}
-        for key, field in (("by_grid", "accuracy"), ("shifted", "shifted_accuracy"), ("window", "window_accuracy")):
+        for key, field in (("by_grid", "accuracy"), ("shifted", "shifted_accuracy"), ("window", "window_accuracy"),
+                           ("interpolated", "interpolated_accuracy")):
             grids = mine[0].get(field, {})
             entry[key] = {g: stats([r[field][g] for r in mine]) for g in grids}
         out[name] = entry
@@ -710,8 +957,9 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 #: The notebook's reduced run: seed 0 of every scheme, :data:`STEPS` cut to 400 and 300
-#: held-out grids per size, with :class:`TrainSettings`' defaults otherwise (about 10 s per
-#: scheme on 2 CPU threads). The command line stores it too (``data["reduced"]``), so that the
+#: held-out grids per size, with :class:`TrainSettings`' defaults otherwise (about 10 to 15 s
+#: per scheme on 2 CPU threads, the RoPEs with integer positions the slowest: they are also
+#: scored with position interpolation). The command line stores it too (``data["reduced"]``), so that the
 #: notebook compares its rerun with the stored reduced run, and the stored reduced run with
 #: the full one. Fewer steps leave the slower schemes short of their plateau at ``G = 8``.
 REDUCED: dict[str, Any] = {"seeds": (0,), "steps": 400, "eval_size": 300}
@@ -744,7 +992,11 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m companion.lab.grid_task --out FILE [--schemes ...] [--seeds ...] [--steps N]
     [--grids G ...] [--eval-size N] [--threads T] [--skip-reduced]``: run :func:`run_all`,
     then :func:`reduced_run` (unless ``--skip-reduced``), and store the runs, their
-    :func:`summarize` and the reduced run with :func:`companion.utils.save_result`.
+    :func:`summarize` and the reduced run with :func:`companion.utils.save_result`. The
+    defaults are the chapter's run: every scheme of :data:`SCHEMES` with the five
+    :data:`SEEDS`. The stored ``data`` also holds ``eval_seed`` (:data:`EVAL_SEED`) and
+    ``eval_digest`` (``{str(G): batch_digest(eval_batch(...))}``), which every run's own
+    ``eval_digest`` must equal.
 
     Every flag is checked before any training: a bad one (``--steps 0``, ``--threads 0``, a
     negative or repeated seed, a grid side below ``max_offset + 1`` or repeated,
@@ -754,10 +1006,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="result JSON path (required)")
     p.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=list(SCHEMES),
                    help="position schemes to train (default: all of them)")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds of every scheme (default: 0 1 2)")
+    p.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS),
+                   help=f"seeds of every scheme (default: {' '.join(map(str, SEEDS))})")
     p.add_argument("--steps", type=int, default=STEPS, help=f"training steps per run (default: {STEPS})")
     p.add_argument("--grids", nargs="+", type=int, default=list(GRIDS),
-                   help=f"grid sides evaluated; the first is the training grid (default: {' '.join(map(str, GRIDS))})")
+                   help=f"grid sides evaluated; the models train at {GridTask().grid} (default: {' '.join(map(str, GRIDS))})")
     p.add_argument("--eval-size", type=int, default=TrainSettings().eval_size,
                    help=f"held-out grids per grid size (default: {TrainSettings().eval_size})")
     p.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
@@ -773,6 +1026,8 @@ def main(argv: list[str] | None = None) -> int:
                    log=lambda line: print(line, flush=True))
     data = {"task": asdict(GridTask()), "grids": list(ns.grids), "settings": asdict(settings),
             "steps": ns.steps, "threads": ns.threads, "total_seconds": time.perf_counter() - start,
+            "eval_seed": EVAL_SEED,
+            "eval_digest": {str(g): batch_digest(eval_batch(GridTask().at(g), ns.eval_size)) for g in ns.grids},
             "summary": summarize(runs), "runs": runs}
     if not ns.skip_reduced:
         start = time.perf_counter()
