@@ -1,5 +1,6 @@
-"""Tests for companion.lab.counting: the generator's labels, determinism, the trainer's
-plumbing (a few steps, not the chapter's accuracies) and bad arguments."""
+"""Tests for companion.lab.counting: the generator's labels, determinism, the splits (the
+learning rate is chosen on a validation set that is not the test set), the trainer's plumbing
+(a few steps, not the chapter's accuracies), the stored counts and bad arguments."""
 
 from __future__ import annotations
 
@@ -10,18 +11,27 @@ import pytest
 import torch
 
 from companion.cope import CoPE
+from companion.lab import counting
 from companion.lab.counting import (
+    EVAL_SEED,
+    LONG_EVAL_SEED,
+    SCHEMES,
+    VALID_SEED,
     CountingBatch,
     CountingTask,
-    SCHEMES,
     TrainSettings,
+    accuracy,
+    best_lr,
     build_scheme,
     main,
     make_batch,
     marker_gates,
+    run_all,
     summarize,
+    evaluate_test_splits,
     train_and_eval,
 )
+from companion.lab.grid_task import unpack_hits
 from companion.utils import load_result
 
 TASKS = {
@@ -111,11 +121,111 @@ def test_train_and_eval_is_deterministic_and_reports_every_field():
     assert one == two
     other = train_and_eval("cope", 1, 3, settings=TINY)
     assert other["final_loss"] != one["final_loss"]
-    for key in ("in_distribution", "longer_gaps"):
+    for key in ("validation", "in_distribution", "longer_gaps"):
         acc = one[key]
         assert 0.0 <= acc["accuracy"] <= 1.0 and len(acc["by_k"]) == CountingTask().max_k
+        assert acc["evaluated"] == TINY.eval_size
     assert one["long_task"]["gap_min"] == CountingTask().gap_max + 1
     assert one["settings"]["lr"] == TINY.lr
+    # without test, the test splits are not scored at all
+    val_only = train_and_eval("cope", 0, 3, settings=TINY, test=False)
+    assert "in_distribution" not in val_only and "longer_gaps" not in val_only
+    assert val_only["validation"] == one["validation"]
+
+
+# ----------------------------------------------------------------------------- splits and counts
+
+
+def test_the_validation_split_is_not_a_test_split():
+    """Three fixed sets from three generators, none a training stream (the training batches
+    come from the run's seed, a small int): no validation sequence is a test sequence (the
+    sets are fixed, so this checks the seeds, not luck: two random sequences of 37 tokens
+    coincide with probability about 16 ** -37)."""
+    assert len({VALID_SEED, EVAL_SEED, LONG_EVAL_SEED}) == 3
+    assert min(VALID_SEED, EVAL_SEED, LONG_EVAL_SEED) > max(counting.SEEDS)
+    valid = make_batch(1000, VALID_SEED)
+    test = make_batch(1000, EVAL_SEED)
+    assert not {tuple(r) for r in valid.tokens.tolist()} & {tuple(r) for r in test.tokens.tolist()}
+
+
+def test_train_and_eval_scores_the_validation_split_and_the_test_splits_it_names():
+    res, model = train_and_eval("rope", 0, 3, settings=TINY, return_model=True)
+    n, k = TINY.eval_size, CountingTask().max_k
+    assert res["validation"] == accuracy(model, make_batch(n, VALID_SEED), k)
+    assert res["in_distribution"] == accuracy(model, make_batch(n, EVAL_SEED), k)
+    assert res["longer_gaps"] == accuracy(model, make_batch(n, LONG_EVAL_SEED, CountingTask().longer()), k)
+    assert evaluate_test_splits(model, eval_size=n) == {key: res[key] for key in ("in_distribution", "longer_gaps")}
+
+
+def test_accuracy_counts_and_flags_match_the_predictions():
+    """The counts behind the accuracy and the per-sequence flags, against the model's own
+    argmax read independently."""
+    _, model = train_and_eval("nope", 0, 5, settings=TINY, return_model=True)
+    batch = make_batch(203, 4)
+    res = accuracy(model, batch, 4)
+    with torch.no_grad():
+        right = (model(batch.tokens)[:, -1].argmax(-1) == batch.answer).tolist()
+    ks = batch.k.tolist()
+    assert res["evaluated"] == 203 and res["correct"] == sum(right)
+    assert res["accuracy"] == sum(right) / 203
+    assert unpack_hits(res["hits"], 203).tolist() == right
+    assert res["by_k_evaluated"] == [ks.count(j) for j in range(1, 5)]
+    assert res["by_k_correct"] == [sum(r for r, kk in zip(right, ks) if kk == j) for j in range(1, 5)]
+    assert res["by_k"] == [c / e for c, e in zip(res["by_k_correct"], res["by_k_evaluated"])]
+
+
+def _run(scheme, lr, valid, acc_in=0.0, acc_long=0.0, seed=0):
+    return {"scheme": scheme, "seed": seed, "settings": {"lr": lr}, "validation": {"accuracy": valid},
+            "in_distribution": {"accuracy": acc_in}, "longer_gaps": {"accuracy": acc_long}}
+
+
+def test_best_lr_is_the_argmax_of_the_mean_validation_accuracy():
+    """The test accuracies point the other way in these runs: the choice must not see them."""
+    runs = [_run("a", 0.01, 0.5, acc_in=1.0), _run("a", 0.01, 0.9, acc_in=1.0),   # mean 0.7
+            _run("a", 0.003, 0.6, acc_in=0.0), _run("a", 0.003, 0.6, acc_in=0.0)]  # mean 0.6
+    assert best_lr(runs) == 0.01
+    runs = [_run("a", 0.01, 0.6, acc_in=1.0), _run("a", 0.003, 0.7, acc_in=0.0)]
+    assert best_lr(runs) == 0.003
+    assert best_lr([_run("b", 0.01, 0.5), _run("b", 0.003, 0.5)]) == 0.003  # a tie: the smaller rate
+    with pytest.raises(ValueError, match="runs must hold at least one run"):
+        best_lr([])
+    with pytest.raises(ValueError, match=r"runs must be of one scheme, got \['a', 'b'\]"):
+        best_lr([_run("a", 0.01, 0.5), _run("b", 0.01, 0.5)])
+
+
+def test_run_all_scores_the_test_splits_at_the_chosen_rate_only():
+    lrs = (3e-3, 3e-2)
+    runs = run_all(["rope", "cope"], [0, 1], 4, lrs=lrs, settings=TINY)
+    assert [(r["scheme"], r["settings"]["lr"], r["seed"]) for r in runs] == [
+        (s, lr, seed) for s in ("rope", "cope") for lr in lrs for seed in (0, 1)]
+    for name in ("rope", "cope"):
+        mine = [r for r in runs if r["scheme"] == name]
+        mean = {lr: sum(r["validation"]["accuracy"] for r in mine if r["settings"]["lr"] == lr) / 2 for lr in lrs}
+        chosen = max(lrs, key=lambda lr: (mean[lr], -lr))
+        for r in mine:
+            tested = r["settings"]["lr"] == chosen
+            assert ("in_distribution" in r) == ("longer_gaps" in r) == tested
+            assert ("gates" in r) == (tested and name == "cope")
+        s = summarize(runs)[name]
+        assert s["best_lr"] == chosen and s["test"]["seeds"] == 2
+        assert s["test"]["in_min"] == min(r["in_distribution"]["accuracy"] for r in mine if "in_distribution" in r)
+
+
+def test_summarize_validation_by_rate_and_test_at_the_best():
+    runs = [_run("a", 0.01, 0.5, 0.2, 0.1), _run("a", 0.01, 0.9, 0.4, 0.3, seed=1),
+            _run("a", 0.003, 0.6), _run("a", 0.003, 0.6, seed=1),
+            _run("b", 0.003, 1.0, 1.0, 1.0), _run("b", 0.01, 1.0, 0.0, 0.0)]
+    del runs[2]["in_distribution"], runs[2]["longer_gaps"]  # an untested run at the other rate
+    s = summarize(runs)
+    assert list(s) == ["a", "b"]
+    row = s["a"]["by_lr"]["0.01"]
+    assert row["seeds"] == 2 and row["valid_min"] == 0.5 and math.isclose(row["valid_mean"], 0.7)
+    assert s["a"]["by_lr"]["0.003"] == {"seeds": 2, "valid_mean": 0.6, "valid_min": 0.6}
+    assert s["a"]["best_lr"] == 0.01
+    test = s["a"]["test"]
+    assert test["seeds"] == 2 and test["in_min"] == 0.2 and test["long_min"] == 0.1
+    assert math.isclose(test["in_mean"], 0.3) and math.isclose(test["long_mean"], 0.2)
+    assert s["b"]["best_lr"] == 0.003 and s["b"]["test"]["in_mean"] == 1.0  # a tie goes to the smaller rate
 
 
 @pytest.mark.parametrize("name", list(SCHEMES))
@@ -145,29 +255,22 @@ def test_marker_gates_reads_each_layer_and_restores_the_scheme():
     assert torch.equal(model(batch.tokens), logits)
 
 
-def test_summarize_means_minima_and_best_lr():
-    def run(scheme, lr, acc_in, acc_long):
-        return {"scheme": scheme, "settings": {"lr": lr}, "in_distribution": {"accuracy": acc_in},
-                "longer_gaps": {"accuracy": acc_long}}
-
-    runs = [run("a", 0.01, 0.5, 0.1), run("a", 0.01, 0.7, 0.3), run("a", 0.003, 0.6, 0.2),
-            run("a", 0.003, 0.6, 0.4), run("b", 0.003, 1.0, 1.0), run("b", 0.01, 1.0, 0.0)]
-    s = summarize(runs)
-    row = s["a"]["by_lr"]["0.01"]
-    assert row["seeds"] == 2 and row["in_min"] == 0.5 and row["long_min"] == 0.1
-    assert math.isclose(row["in_mean"], 0.6) and math.isclose(row["long_mean"], 0.2)
-    assert s["a"]["best_lr"] == 0.003  # a tie on the mean goes to the smaller rate
-    assert s["b"]["best_lr"] == 0.003
-
-
 def test_command_line_writes_a_result(tmp_path):
     out = tmp_path / "counting.json"
-    assert main(["--out", str(out), "--schemes", "nope", "--seeds", "0", "--lrs", "0.01", "--steps", "2"]) == 0
+    assert main(["--out", str(out), "--schemes", "nope", "--seeds", "0", "--lrs", "0.01", "--steps", "2",
+                 "--long-steps", "3", "--long-schemes", "alibi"]) == 0
     payload = load_result(out)
     assert payload["provenance"]["command"].startswith("python -m companion.lab.counting --out")
     data = payload["data"]
     assert [r["scheme"] for r in data["runs"]] == ["nope"]
-    assert data["summary"]["nope"]["best_lr"] == 0.01
+    assert data["summary"]["nope"]["best_lr"] == 0.01 and data["steps"] == 2
+    assert data["splits"] == {"validation": VALID_SEED, "in_distribution": EVAL_SEED, "longer_gaps": LONG_EVAL_SEED}
+    long = data["long"]
+    assert long["steps"] == 3 and [(r["scheme"], r["steps"]) for r in long["runs"]] == [("alibi", 3)]
+    assert long["summary"]["alibi"]["test"]["seeds"] == 1
+    assert main(["--out", str(out), "--schemes", "nope", "--seeds", "0", "--lrs", "0.01", "--steps", "2",
+                 "--long-steps", "0"]) == 0
+    assert "long" not in load_result(out)["data"]
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -276,6 +379,8 @@ def no_work(monkeypatch):
     ("--lrs", ["inf"], "lrs must be a finite number > 0, got inf"),
     ("--lrs", ["0.01", "0.01"], "lrs must not repeat a value"),
     ("--schemes", ["rope", "rope"], "schemes must not repeat a value"),
+    ("--long-steps", ["-1"], "long_steps must be >= 0, got -1"),
+    ("--long-schemes", ["cope", "cope"], "long_schemes must not repeat a value"),
 ])
 def test_command_line_checks_every_flag_before_work(tmp_path, capsys, no_work, flag, values, message):
     given = [f"{flag}={values[0]}"] if values[0].startswith("-") else [flag, *values]  # a negative number
@@ -306,4 +411,30 @@ def test_command_line_valid_flags_reach_run_all_unchanged(tmp_path, no_work):
     with pytest.raises(_WorkStarted):
         main(["--out", str(tmp_path / "c.json")])
     (args, kwargs), = no_work
-    assert args == (["cope", "rope", "nope", "alibi"], [0, 1], 800) and kwargs["lrs"] == [3e-3, 1e-2]
+    assert args == (["cope", "rope", "nope", "alibi"], [0, 1, 2, 3, 4], 800) and kwargs["lrs"] == [3e-3, 1e-2]
+
+
+def test_command_line_runs_the_longer_budget_for_rope_and_cope_by_default(tmp_path, monkeypatch):
+    """The default command runs both budgets: every scheme at STEPS, then RoPE and CoPE at
+    LONG_STEPS (3x), with the same seeds and rates; --long-steps 0 skips the second."""
+    calls = []
+
+    def fake_run_all(*args, **kwargs):
+        calls.append((args, kwargs))
+        return []
+
+    def stop(*args, **kwargs):
+        raise _WorkStarted
+
+    monkeypatch.setattr(counting, "run_all", fake_run_all)
+    monkeypatch.setattr(counting, "save_result", stop)
+    with pytest.raises(_WorkStarted):
+        main(["--out", str(tmp_path / "c.json")])
+    assert [c[0] for c in calls] == [(["cope", "rope", "nope", "alibi"], [0, 1, 2, 3, 4], counting.STEPS),
+                                     (["cope", "rope"], [0, 1, 2, 3, 4], counting.LONG_STEPS)]
+    assert counting.LONG_STEPS == 3 * counting.STEPS
+    assert all(c[1]["lrs"] == list(counting.LRS) for c in calls)
+    calls.clear()
+    with pytest.raises(_WorkStarted):
+        main(["--out", str(tmp_path / "c.json"), "--long-steps", "0"])
+    assert len(calls) == 1
