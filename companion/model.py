@@ -39,6 +39,10 @@ class MultiHeadAttention(nn.Module):
             (:func:`companion.dispatch.attention_path`); ``"reference"``:
             :func:`companion.attention.attention`. Both compute the same function; a call
             with ``return_weights=True`` always takes the reference.
+        window: sliding-window attention: with ``causal=True`` each query sees only the
+            ``window`` latest keys, itself included (``i - window < j <= i``, the convention of
+            Mistral, Gemma and HuggingFace's ``sliding_window``); an int ``>= 1`` or ``None``
+            (default: every earlier key). A windowed call must be causal.
 
     ``forward(x)`` requires ``x`` of shape ``(batch, seq, d_model)`` in the layer's dtype (a
     bf16 ``x`` for fp32 weights raises ``TypeError``: cast the input or the module);
@@ -54,11 +58,13 @@ class MultiHeadAttention(nn.Module):
         n_kv_heads: int | None = None,
         bias: bool = False,
         attention_impl: str = "auto",
+        window: int | None = None,
     ) -> None:
         super().__init__()
         check_positive_int(d_model, "d_model")
         check_positive_int(n_heads, "n_heads")
         check_bool(bias, "bias")
+        self.window = None if window is None else check_positive_int(window, "window")
         self.attention_impl = check_choice(attention_impl, "attention_impl", ATTENTION_IMPLS)
         n_kv_heads = n_heads if n_kv_heads is None else check_positive_int(n_kv_heads, "n_kv_heads")
         if d_model % n_heads:
@@ -114,14 +120,16 @@ class MultiHeadAttention(nn.Module):
         q = self._split(self.q_proj(x), self.n_heads)
         k = self._split(self.k_proj(x), self.n_kv_heads)
         v = self._split(self.v_proj(x), self.n_kv_heads)
+        if self.window is not None and not check_bool(causal, "causal"):
+            raise ValueError(f"this layer has a sliding window (window={self.window}), which needs causal=True")
         if self.attention_impl == "reference" or return_weights:
             res = attention(
                 q, k, v, self.scheme, pos, pos,
-                causal=causal, attn_mask=attn_mask, return_weights=return_weights,
+                causal=causal, attn_mask=attn_mask, return_weights=return_weights, window=self.window,
             )
         else:
             res = fast_attention(q, k, v, self.scheme, pos, pos, causal=causal, attn_mask=attn_mask,
-                                 cache=cache)
+                                 cache=cache, window=self.window)
         out, weights = res if return_weights else (res, None)
         out = self.o_proj(out.transpose(1, 2).reshape(b, n, self.d_model))
         return (out, weights) if return_weights else out
@@ -140,19 +148,20 @@ def nope_every(n_layers: int, interval: int) -> tuple[int, ...]:
     return tuple(i for i in range(n_layers) if (i + 1) % interval == 0)
 
 
-def _check_nope_layers(nope_layers: object, n_layers: int) -> tuple[int, ...]:
-    """A sequence of distinct layer indices in ``[0, n_layers)``, returned sorted."""
+def _check_nope_layers(nope_layers: object, n_layers: int, name: str = "nope_layers") -> tuple[int, ...]:
+    """A sequence of distinct layer indices in ``[0, n_layers)``, returned sorted (``name``
+    names the argument in the errors)."""
     if isinstance(nope_layers, (str, bytes)) or not isinstance(nope_layers, Sequence):
-        raise TypeError(f"nope_layers must be a sequence of layer indices, got {type(nope_layers).__name__}")
+        raise TypeError(f"{name} must be a sequence of layer indices, got {type(nope_layers).__name__}")
     out = []
     for i in nope_layers:
         if isinstance(i, bool) or not isinstance(i, int):
-            raise TypeError(f"nope_layers must hold ints, got {i!r}")
+            raise TypeError(f"{name} must hold ints, got {i!r}")
         if not 0 <= i < n_layers:
-            raise IndexError(f"nope_layers entries must lie in [0, {n_layers}) (n_layers = {n_layers}), got {i}")
+            raise IndexError(f"{name} entries must lie in [0, {n_layers}) (n_layers = {n_layers}), got {i}")
         out.append(i)
     if len(set(out)) != len(out):
-        raise ValueError(f"nope_layers must not repeat a layer, got {list(nope_layers)}")
+        raise ValueError(f"{name} must not repeat a layer, got {list(nope_layers)}")
     return tuple(sorted(out))
 
 
@@ -167,10 +176,11 @@ def _check_scheme(scheme: object, n_heads: int) -> PositionScheme:
 
 class _Block(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, scheme: PositionScheme,
-                 n_kv_heads: int | None, attention_impl: str = "auto") -> None:
+                 n_kv_heads: int | None, attention_impl: str = "auto", window: int | None = None) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model)
-        self.attn = MultiHeadAttention(d_model, n_heads, scheme, n_kv_heads, attention_impl=attention_impl)
+        self.attn = MultiHeadAttention(d_model, n_heads, scheme, n_kv_heads, attention_impl=attention_impl,
+                                       window=window)
         self.ln2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
 
@@ -200,6 +210,11 @@ class TinyDecoder(nn.Module):
         attention_impl: the attention of every layer, ``"auto"`` (the fastest correct path,
             :func:`companion.dispatch.fast_attention`) or ``"reference"``; see
             :class:`MultiHeadAttention`.
+        window, window_layers: sliding-window attention of ``window`` keys (see
+            :class:`MultiHeadAttention`) in the layers ``window_layers`` (default: every
+            layer), the others attending to every earlier key: the local/global pattern of
+            Gemma 2 and 3, and with ``nope_layers`` Llama 4's (local RoPE layers, global
+            layers without positions). ``window_layers`` needs a ``window``. Default: no window.
 
     Every ``nn.Linear`` and ``nn.Embedding`` is initialised as ``N(0, 0.02)`` with zero
     biases (GPT-2 style), *including those inside the scheme* (a learned position table, T5's
@@ -222,6 +237,8 @@ class TinyDecoder(nn.Module):
         tie_weights: bool = True,
         attention_impl: str = "auto",
         nope_layers: Sequence[int] = (),
+        window: int | None = None,
+        window_layers: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         check_positive_int(vocab_size, "vocab_size")
@@ -232,12 +249,20 @@ class TinyDecoder(nn.Module):
         check_choice(attention_impl, "attention_impl", ATTENTION_IMPLS)
         self.scheme = _check_scheme(scheme, n_heads)
         self.nope_layers = _check_nope_layers(nope_layers, n_layers)
+        window = None if window is None else check_positive_int(window, "window")
+        if window_layers is None:
+            self.window_layers = tuple(range(n_layers)) if window is not None else ()
+        else:
+            self.window_layers = _check_nope_layers(window_layers, n_layers, "window_layers")
+            if self.window_layers and window is None:
+                raise ValueError("window_layers needs a window (the number of keys each query of those layers sees)")
+        self.window = window
         nope = NoPE()
         self.tok = nn.Embedding(vocab_size, d_model)
         d_ff = 4 * d_model if d_ff is None else check_positive_int(d_ff, "d_ff")
         self.blocks = nn.ModuleList(
             _Block(d_model, n_heads, d_ff, nope if i in self.nope_layers else self.scheme, n_kv_heads,
-                   attention_impl) for i in range(n_layers)
+                   attention_impl, window if i in self.window_layers else None) for i in range(n_layers)
         )
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
@@ -293,9 +318,9 @@ class TinyDecoder(nn.Module):
             attn_mask = attn_mask[:, None, None, :]
         x = self.scheme.embed(self.tok(idx), pos)
         # one set of positions and masks; the layers that share a scheme share its mask and bias
-        caches: dict[int, dict] = {}
+        caches: dict[tuple[int, int | None], dict] = {}
         for block in self.blocks:
-            x = block(x, pos, attn_mask, caches.setdefault(id(block.attn.scheme), {}))
+            x = block(x, pos, attn_mask, caches.setdefault((id(block.attn.scheme), block.attn.window), {}))
         return self.head(self.ln_f(x))
 
     def loss(self, idx: Tensor, targets: Tensor, position_ids: Tensor | None = None) -> Tensor:

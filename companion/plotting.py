@@ -23,11 +23,14 @@ SCHEME_COLORS: dict[str, str] = {
     "alibi": "#CC79A7",
     "xpos": "#882255",
     "p-rope": "#AA4499",
+    "p-rope-0.375": "#E8A5DA",
+    "alibi-learned": "#8C2D6E",
     "kerple-log": "#117733",
     "kerple-power": "#44AA99",
     "fire": "#332288",
     "cope": "#DDCC77",
     "rope-nope": "#E31A1C",
+    "rope-window-nope": "#FB9A99",
     "scaling": "#F0E442",
     "sincos-2d": "#0072B2",
     "learned-2d": "#56B4E9",
@@ -48,6 +51,13 @@ SCHEME_MARKERS: dict[str, str] = {
     "t5": "P",
     "rope": "X",
     "alibi": "*",
+    "p-rope": "<",
+    "p-rope-0.375": ">",
+    "alibi-learned": "h",
+    "kerple-log": "p",
+    "kerple-power": "d",
+    "rope-nope": "H",
+    "rope-window-nope": "8",
 }
 
 _STYLE: dict[str, Any] = {

@@ -331,6 +331,42 @@ def test_rope_nope_keeps_every_second_layer_without_positions():
     assert type(build_model(TrainConfig(scheme="rope", steps=10)).blocks[1].attn.scheme).__name__ == "RotaryEmbedding"
 
 
+def test_prope_short_keeps_only_pairs_that_turn_fully_in_training():
+    # the lab's head: head_dim 16, base 1e4, L = 128
+    scheme = build_scheme("p-rope-0.375", d_model=64, n_heads=4, max_len=2048, train_len=128)
+    theta = scheme.inv_freq.double()
+    kept = theta > 0
+    assert int(kept.sum()) == 3                       # int(0.375 * 16 // 2)
+    wavelength = 2 * math.pi / theta[kept]
+    assert bool((wavelength <= 128).all())            # every rotating pair turns fully within L
+    full = 2 * math.pi / (10000.0 ** (-torch.arange(8, dtype=torch.float64) / 8))
+    assert float(full[3]) > 128                       # and the next pair would not
+    assert torch.equal(theta[kept], build_scheme("rope", d_model=64, n_heads=4, max_len=2048,
+                                                 train_len=128).inv_freq.double()[:3])
+
+
+def test_alibi_learned_starts_at_alibi_and_learns_only_its_slopes():
+    from companion import ALiBi, alibi_slopes
+    scheme = build_scheme("alibi-learned", d_model=64, n_heads=4, max_len=2048, train_len=128)
+    pos = torch.arange(40)
+    causal = pos[None, :] <= pos[:, None]
+    ours = scheme.bias(pos, pos)
+    ref = ALiBi(4).bias(pos, pos)
+    # the same function on every entry a causal mask keeps: -m_h (i - j), with r2 = 1 exactly
+    assert torch.equal(ours.masked_fill(~causal, 0), ref.masked_fill(~causal, 0).to(ours.dtype))
+    assert torch.equal(scheme.r1.detach(), alibi_slopes(4)) and not scheme.r2.requires_grad
+    model = TinyDecoder(256, 64, 4, 1, scheme=scheme)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    x = torch.randint(0, 256, (4, 33), generator=torch.Generator().manual_seed(0))
+    for _ in range(3):
+        loss = model.loss(x[:, :-1], x[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert torch.isfinite(scheme.r1).all() and not torch.equal(scheme.r1.detach(), alibi_slopes(4))
+    assert bool((scheme.r2 == 1).all())
+
+
 def test_user_scheme_by_import_path():
     scheme = build_scheme(USER_SCHEME, **SHAPE)
     assert type(scheme) is lab_user_scheme.LongBaseRotary
@@ -1111,3 +1147,95 @@ def test_trainfree_lab_settings_keep_positions_in_the_trained_range():
     assert lab_settings("self_extend", L, 2048)["group"] == 32
     with pytest.raises(ValueError, match="name must be one of"):
         lab_settings("yarn", L, 256)
+
+
+def _tiny_rope_model(seed=0):
+    torch.manual_seed(seed)
+    return TinyDecoder(256, 16, 2, 2, scheme=build_scheme("rope", d_model=16, n_heads=2, max_len=256,
+                                                          train_len=32)).eval()
+
+
+def test_lab_logits_stream_is_what_lab_stream_nll_scores():
+    from companion.lab.trainfree_lab import lab_logits, lab_stream_nll
+    model = _tiny_rope_model()
+    rows = torch.randint(0, 256, (3, 50), generator=torch.Generator().manual_seed(1))
+    kw = {"n_sink": 2, "window": 12, "chunk": 5, "rerotate": True}
+    logits = lab_logits("sinks", **kw)(model, rows)
+    assert logits.shape == (3, 50, 256) and logits.dtype == torch.float32
+    nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), rows[:, 1:], reduction="none")
+    # the same chunks through the same cache, scored the same way: equal bit for bit
+    assert torch.equal(nll, lab_stream_nll(model, rows, **kw))
+
+
+def test_lab_logits_wide_windows_are_the_plain_model():
+    from companion.lab.trainfree_lab import lab_logits
+    model = _tiny_rope_model().double()
+    rows = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(2))
+    plain = model(rows).double()
+    # nothing evicted, no far pair regrouped: every method is the plain model. The model runs in
+    # float64 (its sums of 40 terms of size O(1) differ from the plain pass by far less than
+    # 1e-12) and lab_logits rounds the logits to float32 (a relative error of at most 2^-24)
+    for method, kw in (("sinks", {"n_sink": 4, "window": 64, "chunk": 7}), ("rerope", {"window": 64}),
+                       ("self_extend", {"window": 64, "group": 3})):
+        got = lab_logits(method, **kw)(model, rows).double()
+        assert bool(((got - plain).abs() <= 2**-24 * plain.abs() + 1e-12).all()), method
+    with pytest.raises(ValueError, match="unknown keys"):
+        lab_logits("sinks", group=2)
+
+
+def test_passkey_retrieval_forward_replaces_the_models_own():
+    from companion.lab.evaluate import passkey_retrieval
+    model = _tiny_rope_model()
+    data = np.random.default_rng(0).integers(32, 127, 4000).astype(np.uint8)
+    a = passkey_retrieval(model, data, [40], [0.0, 1.0], trials=3, seed=5)
+    b = passkey_retrieval(model, data, [40], [0.0, 1.0], trials=3, seed=5, forward=lambda rows: model(rows))
+    assert a == b
+    zero = passkey_retrieval(model, data, [40], [0.0], trials=3, seed=5,
+                             forward=lambda rows: torch.zeros(*rows.shape, 256))
+    assert zero["gain_trials"] == [[[0.0, 0.0, 0.0]]]  # a forward that ignores its input gains nothing
+    with pytest.raises(TypeError, match="forward must be None or a function"):
+        passkey_retrieval(model, data, [40], [0.0], trials=1, forward=3)
+
+
+# ---------------------------------------------------------------------------------------
+# --quick: a smoke run's preset (issue 31)
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_windowed_layers_equal_a_banded_mask():
+    from companion import ALiBi, RotaryEmbedding
+    n, W = 70, 9
+    i = torch.arange(n)
+    band = ((i[None, :] > i[:, None] - W) & (i[None, :] <= i[:, None]))[None, None]   # query i sees j in (i-W, i]
+    x = torch.randint(0, 256, (2, n), generator=torch.Generator().manual_seed(3))
+    for scheme in (RotaryEmbedding(8), ALiBi(2), None):
+        torch.manual_seed(0)
+        windowed = TinyDecoder(256, 16, 2, 2, scheme=scheme, window=W).double().eval()
+        torch.manual_seed(0)
+        plain = TinyDecoder(256, 16, 2, 2, scheme=scheme).double().eval()
+        with torch.no_grad():
+            got, want = windowed(x), plain(x, attn_mask=band)
+        # the same float64 function of the same weights by two paths: sums of at most 70 terms
+        assert (got - want).abs().max() < 1e-12, type(scheme).__name__
+        assert windowed.window_layers == (0, 1)
+    torch.manual_seed(0)
+    local = TinyDecoder(256, 16, 2, 2, scheme=RotaryEmbedding(8), window=W, window_layers=[0]).eval()
+    assert [b.attn.window for b in local.blocks] == [W, None]
+    with pytest.raises(ValueError, match="window_layers needs a window"):
+        TinyDecoder(256, 16, 2, 2, window_layers=[0])
+    with pytest.raises(ValueError, match="window"):
+        TinyDecoder(256, 16, 2, 2, window=0)
+    with pytest.raises(IndexError, match="window_layers entries must lie in"):
+        TinyDecoder(256, 16, 2, 2, window=4, window_layers=[2])
+
+
+def test_rope_window_nope_is_local_rope_and_global_nope():
+    from companion.lab import build_model
+    from companion.lab.schemes import window_for
+    assert window_for("rope-window-nope", 4, 128) == (64, (0, 2)) and window_for("rope", 2, 128) == (None, ())
+    model = build_model(TrainConfig(scheme="rope-window-nope", n_layers=2, steps=10))
+    assert [(type(b.attn.scheme).__name__, b.attn.window) for b in model.blocks] == [("RotaryEmbedding", 64),
+                                                                                     ("NoPE", None)]

@@ -118,11 +118,20 @@ def test_book_style():
 def test_chapter_8_schemes_have_distinct_colours_and_markers():
     schemes = ["nope", "sinusoidal", "learned", "shaw", "xl", "t5", "rope", "alibi"]
     assert len({scheme_color(s) for s in schemes}) == len(schemes)
-    assert len({scheme_marker(s) for s in schemes}) == len(schemes) == len(SCHEME_MARKERS)
+    assert len({scheme_marker(s) for s in schemes}) == len(schemes)
     assert scheme_style("XL") == {"color": SCHEME_COLORS["xl"], "marker": SCHEME_MARKERS["xl"]}
     assert scheme_marker("fire") == "o"  # a scheme without a marker of its own
     with pytest.raises(ValueError, match="unknown scheme family 'xyz'"):
         scheme_marker("xyz")
+
+
+def test_chapter_11_comparisons_have_distinct_colours_and_markers():
+    # the pairs chapter 11 sets side by side: each scheme against its control
+    for group in (["rope", "p-rope", "p-rope-0.375"], ["alibi", "alibi-learned", "kerple-log", "kerple-power"],
+                  ["rope", "rope-nope", "rope-window-nope", "nope"]):
+        assert len({scheme_color(s) for s in group}) == len(group), group
+        assert len({scheme_marker(s) for s in group}) == len(group), group
+    assert len(set(SCHEME_MARKERS.values())) == len(SCHEME_MARKERS)  # no marker serves two schemes
 
 
 def test_peak_tensor_bytes_counts_live_storages():

@@ -265,6 +265,8 @@ def _check_trainfree(parser: argparse.ArgumentParser, ns: argparse.Namespace) ->
     with usage_errors(parser, "--windows"):
         if check_positive_int(ns.windows, "windows") % BLOCKS:
             raise ValueError(f"windows must be a multiple of {BLOCKS} (the bootstrap blocks), got {ns.windows}")
+    with usage_errors(parser, "--passkey-trials"):
+        check_positive_int(ns.passkey_trials, "passkey_trials")
     return base, seeds, None if ns.methods == ["all"] else names
 
 
@@ -339,7 +341,10 @@ def main(argv: list[str] | None = None) -> int:
                       help="evaluation lengths, as multiples of seq_len (default: 1 2 4 8 16)")
     p_tf.add_argument("--windows", type=int, default=2048,
                       help="windows per length, each scoring its last 64 bytes (default: 2048)")
-    p_tf.add_argument("--workers", type=int, default=2, help="worker processes, one job each (default: 2)")
+    p_tf.add_argument("--passkey-trials", type=int, default=32,
+                      help="retrieval trials per length and key depth, through each method (default: 32)")
+    p_tf.add_argument("--workers", type=int, default=2,
+                      help="worker processes: checkpoints trained, then evaluated, at once (default: 2)")
     p_tf.add_argument("--out", required=True, help="JSON file of the results, with provenance (required)")
     _add_dataclass_options(p_tf, TrainConfig, skip=("scheme", "seed"))
 
@@ -393,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
         configs = [TrainConfig(scheme="rope", seed=seed, **base) for seed in seeds]
         paths = [str(checkpoint_path(ns.checkpoint_dir, c)) for c in configs]
         train_missing(configs, paths, workers=ns.workers)
-        result = run_trainfree(paths, ns.multiples, windows_per_length=ns.windows, names=names)
+        result = run_trainfree(paths, ns.multiples, windows_per_length=ns.windows, names=names,
+                               passkey_trials=ns.passkey_trials, workers=ns.workers)
         save_result(ns.out, result, command=command)
         print(f"trainfree: {len(paths)} models in {result['wall_seconds']:.0f} s -> {ns.out}")
     elif ns.cmd == "extend":

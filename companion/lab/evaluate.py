@@ -320,6 +320,7 @@ def passkey_retrieval(
     trials: int = 32,
     seed: int = 0,
     tokens_per_batch: int = 1 << 14,
+    forward: Callable[[Tensor], Tensor] | None = None,
 ) -> dict[str, list]:
     """Retrieval heatmaps over ``lengths`` x ``depths``.
 
@@ -345,10 +346,15 @@ def passkey_retrieval(
       exact (0 or 1), so that intervals can be computed from stored results
       (:func:`companion.lab.stats.proportion_ci` for the exact-match rate).
 
+    ``forward`` replaces the model's own forward pass: a function from token rows
+    ``(rows, W - 1)`` to logits ``(rows, W - 1, vocab)``, for a training-free method that
+    runs the same model another way (:mod:`companion.lab.trainfree_lab`); default ``model``.
+
     Raises:
         TypeError: ``model`` not a ``torch.nn.Module``, ``data`` not a 1-D numpy array of
-            integers, ``lengths`` not a list of ints, ``depths`` not a list of numbers, or
-            ``trials``, ``seed`` or ``tokens_per_batch`` not an int.
+            integers, ``lengths`` not a list of ints, ``depths`` not a list of numbers,
+            ``trials``, ``seed`` or ``tokens_per_batch`` not an int, or ``forward`` neither
+            ``None`` nor callable.
         ValueError: no lengths or no depths, a length shorter than a key and a query, a
             depth outside ``[0, 1]`` (or ``nan``), ``trials`` or ``tokens_per_batch`` below 1,
             or a ``seed`` below 0.
@@ -360,6 +366,11 @@ def passkey_retrieval(
     check_positive_int(trials, "trials")
     check_positive_int(seed, "seed", 0)
     check_positive_int(tokens_per_batch, "tokens_per_batch")
+    if forward is None:
+        forward = model
+    elif not callable(forward):
+        raise TypeError(f"forward must be None or a function from token rows to logits, got "
+                        f"{type(forward).__name__}")
     for w in lengths:
         if w < KEY_LEN + QUERY_LEN:
             raise ValueError(f"lengths must be at least {KEY_LEN + QUERY_LEN}, got {w}")
@@ -386,7 +397,7 @@ def passkey_retrieval(
                 bits, hits = [], []
                 for chunk in rows.split(_rows_per_batch(w, tokens_per_batch)):
                     # inputs end before the last digit; targets are the query's five digits
-                    logits = model(chunk[:, :-1])[:, -KEY_DIGITS:].float()
+                    logits = forward(chunk[:, :-1])[:, -KEY_DIGITS:].float()
                     target = chunk[:, -KEY_DIGITS:]
                     bits.append(F.cross_entropy(logits.transpose(1, 2), target, reduction="none") / LN2)
                     hits.append(logits.argmax(-1).eq(target).all(-1))

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from .._checks import check_positive_int
 from ..absolute import LearnedPositionalEmbedding, ScaledSinusoidalEmbedding
-from ..alibi import ALiBi
+from ..alibi import ALiBi, alibi_slopes
 from ..attention import NoPE, PositionScheme
 from ..cope import CoPE
 from ..learned_bias import FIRE, KerpleBias
@@ -35,7 +35,8 @@ from ..model import nope_every
 from ..relative import ShawRelative, T5RelativeBias, TransformerXL
 from ..rope import RotaryEmbedding
 
-__all__ = ["BUILTIN", "LABELS", "NOPE_LAYERS", "SchemeShape", "build_scheme", "nope_layers_for", "scheme_label"]
+__all__ = ["BUILTIN", "LABELS", "NOPE_LAYERS", "WINDOWS", "SchemeShape", "build_scheme", "nope_layers_for",
+           "scheme_label", "window_for"]
 
 #: The rms per dimension of the added sinusoids at initialisation. A sinusoidal table has rms
 #: ``sqrt(1/2)`` per dimension, which would swamp token embeddings initialised at 0.02;
@@ -86,7 +87,14 @@ def _xpos(s: SchemeShape) -> PositionScheme:
 
 
 def _prope(s: SchemeShape) -> PositionScheme:
-    return PRoPE(s["head_dim"], p=0.75)  # 6 of the lab's 8 pairs rotate
+    return PRoPE(s["head_dim"], p=0.75)  # the paper's setting: 6 of the lab's 8 pairs rotate
+
+
+def _prope_short(s: SchemeShape) -> PositionScheme:
+    # p = 3/8 keeps the pairs whose wavelength 2 pi / theta_i is at most the training length
+    # (at head_dim 16, base 1e4: 6, 20 and 63 tokens for pairs 0-2; pair 3's is 199): every pair
+    # that still rotates has turned fully in training, so no distance shows it a new angle.
+    return PRoPE(s["head_dim"], p=0.375)
 
 
 def _kerple_log(s: SchemeShape) -> PositionScheme:
@@ -95,6 +103,21 @@ def _kerple_log(s: SchemeShape) -> PositionScheme:
 
 def _kerple_power(s: SchemeShape) -> PositionScheme:
     return KerpleBias(s["n_heads"], form="power")
+
+
+#: The lower bound of the learned ALiBi slopes: below the smallest of ALiBi's slopes for the
+#: lab's 4 heads (2^-8), which KERPLE's default bound 0.01 would cut off.
+ALIBI_LEARNED_EPS = 1e-3
+
+
+def _alibi_learned(s: SchemeShape) -> PositionScheme:
+    # ALiBi with learned slopes: KERPLE's power kernel -r1 |i - j|^r2 with the exponent frozen
+    # at 1 and r1 starting at ALiBi's slopes. It is the control that separates "learned slopes"
+    # from "KERPLE's kernel" when KERPLE is compared with ALiBi's fixed slopes.
+    scheme = KerpleBias(s["n_heads"], form="power", r1=alibi_slopes(s["n_heads"]).tolist(), r2=1.0,
+                        eps=ALIBI_LEARNED_EPS)
+    scheme.r2.requires_grad_(False)
+    return scheme
 
 
 def _fire(s: SchemeShape) -> PositionScheme:
@@ -120,11 +143,14 @@ BUILTIN: dict[str, Callable[[SchemeShape], PositionScheme]] = {
     "alibi": _alibi,
     "xpos": _xpos,
     "p-rope": _prope,
+    "p-rope-0.375": _prope_short,
+    "alibi-learned": _alibi_learned,
     "kerple-log": _kerple_log,
     "kerple-power": _kerple_power,
     "fire": _fire,
     "cope": _cope,
     "rope-nope": _rope,
+    "rope-window-nope": _rope,
 }
 
 #: Display names for figures and tables.
@@ -138,12 +164,15 @@ LABELS: dict[str, str] = {
     "rope": "RoPE",
     "alibi": "ALiBi",
     "xpos": "xPos",
-    "p-rope": "p-RoPE",
+    "p-rope": "p-RoPE (p = 3/4)",
+    "p-rope-0.375": "p-RoPE (p = 3/8)",
+    "alibi-learned": "ALiBi, learned slopes",
     "kerple-log": "Kerple (log)",
     "kerple-power": "Kerple (power)",
     "fire": "FIRE",
     "cope": "CoPE",
     "rope-nope": "RoPE + NoPE layers",
+    "rope-window-nope": "windowed RoPE + global NoPE",
 }
 
 
@@ -152,6 +181,7 @@ LABELS: dict[str, str] = {
 #: drop RoPE in every 4th of theirs).
 NOPE_LAYERS: dict[str, Callable[[int], tuple[int, ...]]] = {
     "rope-nope": lambda n_layers: nope_every(n_layers, 2),
+    "rope-window-nope": lambda n_layers: nope_every(n_layers, 2),
 }
 
 
@@ -159,6 +189,26 @@ def nope_layers_for(name: str, n_layers: int) -> tuple[int, ...]:
     """The ``nope_layers`` of :class:`~companion.model.TinyDecoder` for the lab scheme ``name``."""
     plan = NOPE_LAYERS.get(name)
     return () if plan is None else plan(n_layers)
+
+
+#: Built-in schemes whose position layers attend through a sliding window, as a function of the
+#: training length: ``rope-window-nope`` is Llama 4's and Yang et al.'s hybrid (RoPE in local
+#: layers, global layers without positions) with a window of half the training length, so that
+#: the RoPE layers never see a distance they were not trained on, at any length.
+WINDOWS: dict[str, Callable[[int], int]] = {
+    "rope-window-nope": lambda train_len: max(1, train_len // 2),
+}
+
+
+def window_for(name: str, n_layers: int, train_len: int) -> tuple[int | None, tuple[int, ...]]:
+    """The ``(window, window_layers)`` of :class:`~companion.model.TinyDecoder` for the lab scheme
+    ``name``: the layers with positions (those not in :func:`nope_layers_for`) get the window;
+    ``(None, ())`` for a scheme without one."""
+    plan = WINDOWS.get(name)
+    if plan is None:
+        return None, ()
+    nope = set(nope_layers_for(name, n_layers))
+    return plan(train_len), tuple(i for i in range(n_layers) if i not in nope)
 
 
 def scheme_label(name: str) -> str:

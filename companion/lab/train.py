@@ -34,7 +34,7 @@ from ..model import TinyDecoder
 from ..utils import provenance
 from .corpus import Corpus
 from .data import sample_batch
-from .schemes import _check_scheme_name, build_scheme, nope_layers_for
+from .schemes import _check_scheme_name, build_scheme, nope_layers_for, window_for
 
 __all__ = ["TrainConfig", "train", "build_model", "load_checkpoint", "lr_at", "DTYPES"]
 
@@ -126,8 +126,10 @@ def build_model(cfg: TrainConfig) -> TinyDecoder:
     torch.manual_seed(cfg.seed)
     scheme = build_scheme(cfg.scheme, d_model=cfg.d_model, n_heads=cfg.n_heads,
                           max_len=cfg.max_len, train_len=cfg.seq_len)
+    window, window_layers = window_for(cfg.scheme, cfg.n_layers, cfg.seq_len)
     model = TinyDecoder(256, cfg.d_model, cfg.n_heads, cfg.n_layers, scheme=scheme,
-                        nope_layers=nope_layers_for(cfg.scheme, cfg.n_layers))
+                        nope_layers=nope_layers_for(cfg.scheme, cfg.n_layers), window=window,
+                        window_layers=window_layers)
     return model.to(DTYPES[cfg.dtype])
 
 

@@ -29,6 +29,7 @@ At lengths up to ``train_len`` every method is plain RoPE (tested in ``tests/tes
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -45,11 +46,11 @@ from ..rope import RotaryEmbedding
 from ..trainfree import (TRAINFREE_METHODS, ReRoPE, SelfExtend, SinkCache, _check_mode, _check_sink_args,
                          _stream_chunks, max_relative_position, two_region_attention)
 from .corpus import load_corpus
-from .evaluate import BLOCKS, LN2, _check_blocks, bits_per_byte, window_bits
+from .evaluate import BLOCKS, LN2, _check_blocks, bits_per_byte, passkey_retrieval, window_bits
 from .train import load_checkpoint
 
-__all__ = ["LAB_METHOD_PARAMS", "LAB_TRAINFREE", "lab_forward", "lab_stream_nll", "lab_bits_per_byte",
-           "lab_settings", "run_trainfree"]
+__all__ = ["LAB_METHOD_PARAMS", "LAB_TRAINFREE", "lab_forward", "lab_stream_nll", "lab_logits", "lab_bits_per_byte",
+           "lab_settings", "run_trainfree", "PASSKEY_DEPTHS"]
 
 #: The parameters of each method of :func:`lab_bits_per_byte`, with their defaults (sized for
 #: the lab's models trained at 256 bytes); no other keyword is accepted.
@@ -69,6 +70,10 @@ LAB_TRAINFREE: dict[str, str] = {
     "window_only": "sinks",
     "sinks_no_rerotate": "sinks",
 }
+
+#: The key depths of the retrieval test :func:`run_trainfree` runs (0: the key opens the window,
+#: the farthest from the query; 1: it sits just before the query).
+PASSKEY_DEPTHS = (0.0, 0.5, 1.0)
 
 #: The shortest training length each configuration of :func:`lab_settings` can be sized for
 #: (a window and a chunk of at least one token; Leaky ReRoPE needs ``w < train_len - 1``).
@@ -177,11 +182,9 @@ def lab_stream_nll(model: Any, idx: Tensor, n_sink: int = 4, window: int = 256, 
     return _stream_chunks(lambda part: lab_forward(model, part, cache=cache), idx, chunk, float32=True)
 
 
-def _lab_method(method: str, params: dict[str, Any], *, context: str = "params",
-                also: Sequence[str] = ()) -> Callable[[Any, Tensor], Tensor]:
-    """A function ``(model, rows) -> nll (rows, W)`` in nats for ``method`` with ``params``
-    (keys of :data:`LAB_METHOD_PARAMS` ``[method]``, the rest at their defaults); an unknown
-    key raises ``ValueError`` listing the allowed ones (and ``also``, the caller's own keywords)."""
+def _method_params(method: str, params: dict[str, Any], context: str, also: Sequence[str]) -> dict[str, Any]:
+    """``params`` over :data:`LAB_METHOD_PARAMS` ``[method]``'s defaults; an unknown key raises
+    ``ValueError`` listing the allowed ones (and ``also``, the caller's own keywords)."""
     if not isinstance(method, str) or method not in LAB_METHOD_PARAMS:
         raise ValueError(f"method must be one of {list(TRAINFREE_METHODS)}, got {method!r}")
     defaults = LAB_METHOD_PARAMS[method]
@@ -190,21 +193,60 @@ def _lab_method(method: str, params: dict[str, Any], *, context: str = "params",
         extra = f" (and the evaluation's {list(also)})" if also else ""
         raise ValueError(f"{context} has unknown keys {unknown} for method {method!r}; allowed: "
                          f"{list(defaults)}{extra}")
-    p = {**defaults, **params}
+    return {**defaults, **params}
+
+
+def _two_region_mode(method: str, p: dict[str, Any]) -> ReRoPE | SelfExtend:
+    return SelfExtend(p["window"], p["group"]) if method == "self_extend" else ReRoPE(p["window"], p.get("leak"))
+
+
+def _lab_method(method: str, params: dict[str, Any], *, context: str = "params",
+                also: Sequence[str] = ()) -> Callable[[Any, Tensor], Tensor]:
+    """A function ``(model, rows) -> nll (rows, W)`` in nats for ``method`` with ``params``
+    (keys of :data:`LAB_METHOD_PARAMS` ``[method]``, the rest at their defaults); an unknown
+    key raises ``ValueError`` listing the allowed ones (and ``also``, the caller's own keywords)."""
+    p = _method_params(method, params, context, also)
     if method == "sinks":
         n_sink, window, rerotate = _check_sink_args(p["n_sink"], p["window"], p["rerotate"])
         chunk = check_positive_int(p["chunk"], "chunk")
         return lambda model, rows: lab_stream_nll(model, rows, n_sink, window, chunk, rerotate=rerotate)
-    if method == "self_extend":
-        mode: ReRoPE | SelfExtend = SelfExtend(p["window"], p["group"])
-    else:
-        mode = ReRoPE(p["window"], p.get("leak"))
+    logits_of = lab_logits(method, **p)
 
     def run(model: Any, rows: Tensor) -> Tensor:
-        logits = lab_forward(model, rows[:, :-1], mode).float()
-        return F.cross_entropy(logits.transpose(1, 2), rows[:, 1:], reduction="none")
+        return F.cross_entropy(logits_of(model, rows[:, :-1]).transpose(1, 2), rows[:, 1:], reduction="none")
 
     return run
+
+
+def lab_logits(method: str, **params: Any) -> Callable[[Any, Tensor], Tensor]:
+    """A function ``(model, rows) -> logits`` (float32, ``(rows, W, vocab)``) of a lab RoPE
+    model run with ``method`` (one of :data:`~companion.trainfree.TRAINFREE_METHODS`) and
+    ``params`` (as :func:`lab_bits_per_byte`'s; defaults in :data:`LAB_METHOD_PARAMS`).
+
+    ReRoPE and Self-Extend are :func:`lab_forward` with their mode. ``"sinks"`` reads each row
+    as a stream through a fresh :class:`~companion.trainfree.SinkCache`, ``chunk`` tokens at a
+    time, and returns the logits of every token: the logits :func:`lab_stream_nll` scores. It is
+    what :func:`run_trainfree`'s retrieval test feeds
+    :func:`companion.lab.evaluate.passkey_retrieval`.
+
+    Raises:
+        ValueError: an unknown ``method`` or parameter, or a bad parameter value.
+    """
+    p = _method_params(method, params, "lab_logits' keywords", ())
+    if method == "sinks":
+        n_sink, window, rerotate = _check_sink_args(p["n_sink"], p["window"], p["rerotate"])
+        chunk = check_positive_int(p["chunk"], "chunk")
+
+        @torch.no_grad()
+        def stream(model: Any, rows: Tensor) -> Tensor:
+            model = _check_lab_model(model)
+            cache = SinkCache(len(model.blocks), n_sink, window, rerotate=rerotate)
+            return torch.cat([lab_forward(model, rows[:, s:s + chunk], cache=cache).float()
+                              for s in range(0, rows.shape[1], chunk)], dim=1)
+
+        return stream
+    mode = _two_region_mode(method, p)
+    return lambda model, rows: lab_forward(model, rows, mode).float()
 
 
 @torch.no_grad()
@@ -295,14 +337,29 @@ def _check_names(names: object) -> list[str]:
     return names
 
 
+def _passkey(model: TinyDecoder, data: np.ndarray, length: int, trials: int, seed: int,
+             forward: Callable[[Tensor], Tensor] | None) -> dict[str, Any]:
+    """One length of the retrieval test: per depth, the trials' gains and exact matches."""
+    res = passkey_retrieval(model, data, [length], list(PASSKEY_DEPTHS), trials=trials, seed=seed, forward=forward)
+    return {f"{d:g}": {"gain": [round(g, 4) for g in res["gain_trials"][0][j]], "exact": res["exact_trials"][0][j]}
+            for j, d in enumerate(PASSKEY_DEPTHS)}
+
+
 def run_trainfree(checkpoints: Sequence[str], multiples: Sequence[int], *, windows_per_length: int = 2048,
-                  names: Sequence[str] | None = None) -> dict[str, Any]:
+                  names: Sequence[str] | None = None, passkey_trials: int = 32, workers: int = 1) -> dict[str, Any]:
     """Evaluate every configuration of :data:`LAB_TRAINFREE` (or ``names``) on each checkpoint.
 
     Returns ``{"runs": [{"checkpoint", "seed", "train_len", "plain": {W: {...}},
-    "methods": {name: {"settings": {W: kwargs}, "bpb": {W: {"all", "tail"}}, "seconds"}}}],
-    "wall_seconds"}``; ``plain`` is RoPE as trained (chapter 8's numbers for the same model).
-    Every argument is checked before the corpus or a checkpoint is loaded.
+    "plain_passkey": {W: {depth: {"gain", "exact"}}}, "methods": {name: {"settings": {W:
+    kwargs}, "bpb": {W: {"all", "tail", "all_blocks", "tail_blocks"}}, "passkey": {W: {depth:
+    {"gain", "exact"}}}, "seconds"}}}], "wall_seconds"}``; ``plain`` is RoPE as trained
+    (chapter 8's numbers for the same model). The retrieval test is chapter 8's
+    (:func:`~companion.lab.evaluate.passkey_retrieval`: ``passkey_trials`` trials per depth of
+    :data:`PASSKEY_DEPTHS`, each trial's gain and exact match), run through each method
+    (:func:`lab_logits`) with the same keys, windows and seed as the plain model, so that every
+    trial pairs with the plain model's. ``workers > 1`` evaluates that many checkpoints at once,
+    in processes of one thread each. Every argument is checked before the corpus or a
+    checkpoint is loaded.
 
     Raises:
         TypeError: ``checkpoints`` not a non-empty list of paths, or a count not an int.
@@ -322,32 +379,58 @@ def run_trainfree(checkpoints: Sequence[str], multiples: Sequence[int], *, windo
         raise ValueError(f"multiples must not repeat a value, got {multiples}")
     windows_per_length = check_positive_int(windows_per_length, "windows_per_length")
     _check_blocks(BLOCKS, windows_per_length, "windows_per_length")  # the evaluations' bootstrap blocks
+    passkey_trials = check_positive_int(passkey_trials, "passkey_trials")
     names = list(LAB_TRAINFREE) if names is None else _check_names(names)
+    workers = check_positive_int(workers, "workers")
     for i, path in enumerate(checkpoints):
         check_file(path, f"checkpoints[{i}]", "a checkpoint written by companion.lab.train")
-    corpus = load_corpus()
     t0 = time.perf_counter()
-    runs = []
-    for path in checkpoints:
-        model, ckpt = load_checkpoint(path)
-        cfg = ckpt["config"]
-        L = int(cfg["seq_len"])
-        lengths = [m * L for m in multiples]
-        rec: dict[str, Any] = {"checkpoint": str(path), "seed": cfg["seed"], "train_len": L,
-                               "plain": {str(k): v for k, v in bits_per_byte(
-                                   model, corpus.val, lengths, windows_per_length=windows_per_length).items()},
-                               "methods": {}}
-        for name in names:
-            s0 = time.perf_counter()
-            settings, bpb = {}, {}
-            for W in lengths:
-                kw = lab_settings(name, L, W)
-                settings[str(W)] = kw
-                bpb[str(W)] = lab_bits_per_byte(model, corpus.val, [W], LAB_TRAINFREE[name],
-                                                windows_per_length=windows_per_length, reach=max(lengths), **kw)[W]
-            rec["methods"][name] = {"settings": settings, "bpb": bpb, "seconds": time.perf_counter() - s0}
-            print(f"seed {cfg['seed']} {name}: " + " ".join(f"{bpb[str(W)]['tail']:.2f}" for W in lengths),
-                  flush=True)
-        runs.append(rec)
+    jobs = [(str(path), list(multiples), windows_per_length, names, passkey_trials) for path in checkpoints]
+    if workers > 1 and len(jobs) > 1:
+        with mp.get_context("spawn").Pool(min(workers, len(jobs))) as pool:
+            runs = pool.map(_trainfree_worker, jobs)
+    else:
+        runs = [_trainfree_one(*job) for job in jobs]
     return {"runs": runs, "multiples": list(multiples), "windows_per_length": windows_per_length,
+            "blocks": BLOCKS, "passkey_trials": passkey_trials, "passkey_depths": list(PASSKEY_DEPTHS),
             "wall_seconds": time.perf_counter() - t0}
+
+
+def _trainfree_worker(job: tuple) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    return _trainfree_one(*job)
+
+
+def _trainfree_one(path: str, multiples: list[int], windows_per_length: int, names: list[str],
+                   passkey_trials: int) -> dict[str, Any]:
+    """One checkpoint of :func:`run_trainfree` (its arguments checked there)."""
+    corpus = load_corpus()
+    model, ckpt = load_checkpoint(path)
+    cfg = ckpt["config"]
+    L = int(cfg["seq_len"])
+    lengths = [m * L for m in multiples]
+    seed = int(cfg["seed"])
+    rec: dict[str, Any] = {"checkpoint": str(path), "seed": seed, "train_len": L,
+                           "plain": {str(k): v for k, v in bits_per_byte(
+                               model, corpus.val, lengths, windows_per_length=windows_per_length,
+                               reach=max(lengths)).items()},
+                           "plain_passkey": {str(W): _passkey(model, corpus.val, W, passkey_trials, seed, None)
+                                             for W in lengths},
+                           "methods": {}}
+    for name in names:
+        s0 = time.perf_counter()
+        settings, bpb, keys = {}, {}, {}
+        for W in lengths:
+            kw = lab_settings(name, L, W)
+            settings[str(W)] = kw
+            bpb[str(W)] = lab_bits_per_byte(model, corpus.val, [W], LAB_TRAINFREE[name],
+                                            windows_per_length=windows_per_length, reach=max(lengths), **kw)[W]
+            logits_of = lab_logits(LAB_TRAINFREE[name], **kw)
+            keys[str(W)] = _passkey(model, corpus.val, W, passkey_trials, seed,
+                                    lambda rows, f=logits_of: f(model, rows))
+        rec["methods"][name] = {"settings": settings, "bpb": bpb, "passkey": keys,
+                                "seconds": time.perf_counter() - s0}
+        far = [float(np.mean(keys[str(W)]["0"]["exact"])) for W in lengths]
+        print(f"seed {seed} {name}: tail " + " ".join(f"{bpb[str(W)]['tail']:.2f}" for W in lengths)
+              + "; farthest key exact " + " ".join(f"{x:.2f}" for x in far), flush=True)
+    return rec
