@@ -1,17 +1,23 @@
-"""Argument checks shared by the package's command lines.
+"""Argument checks and run options shared by the package's command lines.
 
 Every command line checks all of its arguments before it trains, loads or downloads
 anything, and reports a bad one as the parser's usage error (exit status 2, the message
 naming the flag, what it got and what is allowed), never as a traceback after minutes of
 work. The rules themselves are the library's (a config dataclass, a ``check_*`` function);
 :func:`usage_errors` turns their ``TypeError`` and ``ValueError`` into that usage error.
+
+The run options are shared too: ``--quick`` (:func:`apply_quick`: a preset of small values for
+a smoke run, which explicit flags override, and :func:`mark_quick_csv` for what it writes) and
+progress lines on stderr that ``--quiet`` silences (:func:`say`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
@@ -20,7 +26,8 @@ from pathlib import Path
 from ._checks import check_positive_int
 
 __all__ = ["usage_errors", "as_flags", "check_distinct", "check_seeds", "check_file_target", "check_folder_target",
-           "check_existing_file", "check_run_flags"]
+           "check_existing_file", "check_run_flags", "SMOKE_RUN", "QUICK_HELP", "preset_text", "apply_quick",
+           "mark_quick_csv", "say"]
 
 
 def as_flags(text: str, configs: Sequence[type]) -> str:
@@ -99,3 +106,72 @@ def check_run_flags(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> 
             check_positive_int(getattr(ns, flag), flag)
     with usage_errors(parser, "--out"):
         check_file_target(ns.out, "out")
+
+
+# ----------------------------------------------------------------------------- --quick presets
+
+#: What a ``--quick`` run says of itself, at its start and beside its results.
+SMOKE_RUN = "SMOKE RUN (--quick): small settings to try the command, not a measurement"
+
+#: The ``--help`` text of ``--quick`` (the command adds what its preset sets).
+QUICK_HELP = ("a smoke run of about a minute: small settings for trying the command before the real run; "
+              "explicit flags override them, and a file written records \"quick\": true")
+
+
+def _option(key: str, value: object) -> str:
+    """``key`` and ``value`` as they are written on a command line (``--steps 100``)."""
+    shown = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+    return f"--{key.replace('_', '-')} {shown}"
+
+
+def preset_text(preset: dict[str, object]) -> str:
+    """The options of a preset, as a command line writes them (for ``--help``)."""
+    return " ".join(_option(k, v) for k, v in preset.items())
+
+
+def apply_quick(parser: argparse.ArgumentParser, command: argparse.ArgumentParser, argv: list[str],
+                ns: argparse.Namespace, preset: dict[str, object]) -> argparse.Namespace:
+    """With ``ns.quick``, parse ``argv`` again with ``preset`` as ``command``'s defaults, so that
+    every flag given explicitly keeps its value and every other flag of the preset takes the
+    preset's; print what the preset set (and what the command line kept) and :data:`SMOKE_RUN`.
+    Without ``ns.quick``, return ``ns`` as it is.
+
+    ``parser`` is the top-level parser and ``command`` the (sub)parser whose defaults the preset
+    replaces (the same parser for a command without subcommands).
+    """
+    if not getattr(ns, "quick", False):
+        return ns
+    command.set_defaults(**preset)
+    ns = parser.parse_args(argv)
+    given = [k for k, v in preset.items() if getattr(ns, k) != v]
+    applied = {k: v for k, v in preset.items() if k not in given}
+    kept = f"; kept from the command line: {' '.join(_option(k, getattr(ns, k)) for k in given)}" if given else ""
+    print(f"{SMOKE_RUN}.\n--quick set {preset_text(applied)}{kept}", flush=True)
+    return ns
+
+
+def mark_quick_csv(path: str | os.PathLike[str]) -> None:
+    """Add ``"quick": true`` to the provenance line of a CSV written by
+    :func:`companion.utils.save_csv` (``# provenance: {json}``, its first line), so that a smoke
+    run's file cannot pass for a measurement."""
+    path = Path(path)
+    with open(path, newline="") as f:  # newline="": keep save_csv's CRLFs as they are
+        text = f.read()
+    first, end, rest = text.partition("\r\n")
+    prefix = "# provenance: "
+    if not first.startswith(prefix):
+        raise ValueError(f"{path} is not a result CSV of save_csv (its first line must start with {prefix!r})")
+    prov = json.loads(first[len(prefix):])
+    prov["quick"] = True
+    with open(path, "w", newline="") as f:
+        f.write(prefix + json.dumps(prov, sort_keys=False) + end + rest)
+
+
+def say(quiet: bool):  # noqa: ANN201 - a callable taking a string
+    """A progress printer for a command line: each message a line on stderr, or nothing with
+    ``quiet`` (``--quiet``). Results go to stdout; progress never does."""
+    def progress(message: str) -> None:
+        if not quiet:
+            print(message, file=sys.stderr, flush=True)
+
+    return progress

@@ -39,7 +39,7 @@ import contextlib
 import numbers
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,8 @@ __all__ = [
     "gguf_metadata",
     "gguf_tokenizer",
     "render_chat",
+    "generate_chat",
+    "stream_chat",
     "build_model",
     "load_gguf",
 ]
@@ -140,6 +142,18 @@ class LlamaConfig:
             raise TypeError(f"name must be a str, got {type(self.name).__name__} {self.name!r}")
         if self.chat_template is not None and not isinstance(self.chat_template, str):
             raise TypeError(f"chat_template must be a str or None, got {type(self.chat_template).__name__}")
+
+    def __repr__(self) -> str:
+        """Every field, with the chat template shortened to its length (SmolLM2's is hundreds
+        of characters of Jinja2, which would bury the sizes)."""
+        parts = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "chat_template" and value is not None:
+                parts.append(f"chat_template=<{len(value)} characters of Jinja2>")
+            else:
+                parts.append(f"{f.name}={value!r}")
+        return f"{type(self).__name__}({', '.join(parts)})"
 
     @classmethod
     def from_gguf_fields(cls, fields: Mapping[str, Any], tie_embeddings: bool = True) -> LlamaConfig:
@@ -596,28 +610,53 @@ class LlamaModel(nn.Module):
         ``(batch, seq + n)``.
         """
         ids = self._check_ids(ids)
+        steps = self.generate_steps(ids, max_new_tokens, greedy, temperature=temperature, generator=generator,
+                                    stop_at_eos=stop_at_eos)
+        return torch.cat([ids, *(nxt[:, None] for nxt in steps)], dim=1)
+
+    def generate_steps(
+        self,
+        ids: Tensor,
+        max_new_tokens: int,
+        greedy: bool = True,
+        *,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+        stop_at_eos: bool = True,
+    ) -> Iterator[Tensor]:
+        """:meth:`generate` one step at a time: an iterator of each step's new tokens
+        ``(batch,)``, each yielded as soon as it is chosen (a streaming token iterator).
+
+        The arguments, the tokens and the stopping rule are :meth:`generate`'s, which is
+        ``ids`` followed by this iterator's tokens. The arguments are checked here, before
+        the first step.
+        """
+        ids = self._check_ids(ids)
         check_positive_int(max_new_tokens, "max_new_tokens", minimum=0)
         check_bool(greedy, "greedy")
         check_bool(stop_at_eos, "stop_at_eos")
         temperature = check_finite_number(temperature, "temperature")
+        return self._steps(ids, max_new_tokens, greedy, temperature, generator, stop_at_eos)
+
+    def _steps(self, ids: Tensor, max_new_tokens: int, greedy: bool, temperature: float,
+               generator: torch.Generator | None, stop_at_eos: bool) -> Iterator[Tensor]:
         cache = KVCache(self.config.n_layers)
-        out = ids
         step = ids
         done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
         for _ in range(max_new_tokens):
-            last = self.logits(self.hidden(step, cache)[:, -1]).float()
-            if greedy:
-                nxt = last.argmax(-1)
-            else:
-                probs = torch.softmax(last / temperature, dim=-1)
-                nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-            out = torch.cat((out, nxt[:, None]), dim=1)
+            with torch.no_grad():
+                last = self.logits(self.hidden(step, cache)[:, -1]).float()
+                if greedy:
+                    nxt = last.argmax(-1)
+                else:
+                    probs = torch.softmax(last / temperature, dim=-1)
+                    nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            yield nxt
             step = nxt[:, None]
             if stop_at_eos and self.config.eos_id is not None:
                 done |= nxt == self.config.eos_id
                 if bool(done.all()):
                     break
-        return out
 
 
 # ----------------------------------------------------------------------------- GGUF reading
@@ -786,6 +825,128 @@ def render_chat(
     return compiled.render(
         messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt
     )
+
+
+def _chat_prompt(
+    model: LlamaModel,
+    tokenizer: Any,
+    messages: list[Mapping[str, str]],
+    max_new_tokens: int,
+    temperature: float,
+    template: str | None,
+) -> tuple[Tensor, dict[str, Any]]:
+    """The checked arguments of a chat: the prompt's ids ``(1, n)`` and the keywords of
+    :meth:`LlamaModel.generate` (greedy at temperature 0)."""
+    if not isinstance(model, LlamaModel):
+        raise TypeError(f"model must be a companion.llama.LlamaModel, got {type(model).__name__}")
+    if not (callable(getattr(tokenizer, "encode", None)) and callable(getattr(tokenizer, "decode", None))):
+        raise TypeError(f"tokenizer must be a tokenizers.Tokenizer (as load_gguf returns), got {type(tokenizer).__name__}")
+    if template is None:
+        template = model.config.chat_template
+        if template is None:
+            raise ValueError("template must be given: the model's config has no chat_template (its GGUF file "
+                             "stores none); pass the Jinja2 template of the model's chat format")
+    temperature = check_finite_number(temperature, "temperature", minimum=0)
+    check_positive_int(max_new_tokens, "max_new_tokens", minimum=0)
+    ids = torch.tensor([tokenizer.encode(render_chat(template, messages)).ids], dtype=torch.long)
+    greedy = temperature == 0
+    return ids, {"max_new_tokens": max_new_tokens, "greedy": greedy, "temperature": 1.0 if greedy else temperature}
+
+
+def generate_chat(
+    model: LlamaModel,
+    tokenizer: Any,
+    messages: list[Mapping[str, str]],
+    max_new_tokens: int = 128,
+    *,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+    template: str | None = None,
+) -> str:
+    """The model's reply to a conversation, as text.
+
+    ``messages`` (``{"role": ..., "content": ...}`` dicts) are rendered with the model's chat
+    template (:func:`render_chat`, with the generation prompt), encoded with ``tokenizer``,
+    continued by :meth:`LlamaModel.generate` and the new tokens decoded (special tokens such
+    as the end-of-turn ``<|im_end|>`` dropped). Generation stops at the model's
+    end-of-sequence token or after ``max_new_tokens`` tokens::
+
+        model, tokenizer = load_gguf()
+        generate_chat(model, tokenizer, [{"role": "user", "content": "What is 2 + 2?"}])
+
+    Args:
+        model: a :class:`LlamaModel` (from :func:`load_gguf`).
+        tokenizer: its ``tokenizers.Tokenizer`` (from :func:`load_gguf` or :func:`gguf_tokenizer`).
+        messages: the conversation, a non-empty list of ``{"role", "content"}`` dicts.
+        max_new_tokens: the most tokens of the reply, an int >= 0.
+        temperature: 0 (the default) for greedy decoding, or a finite number > 0 to sample
+            at that temperature.
+        generator: the ``torch.Generator`` of the sampling (``None``: torch's global one).
+        template: a Jinja2 chat template (default: ``model.config.chat_template``, the one
+            the GGUF file stores).
+
+    Returns:
+        The reply's text. For the reply piece by piece, as it is generated, use
+        :func:`stream_chat`, whose pieces concatenate to this text.
+
+    Raises:
+        TypeError: ``model`` not a :class:`LlamaModel`, ``tokenizer`` without ``encode`` and
+            ``decode``, or a number of the wrong type.
+        ValueError: ``temperature`` negative or not finite, ``max_new_tokens < 0``, no
+            template (neither given nor in the config), or messages :func:`render_chat`
+            refuses.
+    """
+    ids, kw = _chat_prompt(model, tokenizer, messages, max_new_tokens, temperature, template)
+    out = model.generate(ids, kw.pop("max_new_tokens"), kw.pop("greedy"), generator=generator, **kw)
+    return tokenizer.decode(out[0, ids.shape[1]:].tolist())
+
+
+def stream_chat(
+    model: LlamaModel,
+    tokenizer: Any,
+    messages: list[Mapping[str, str]],
+    max_new_tokens: int = 128,
+    *,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+    template: str | None = None,
+) -> Iterator[str]:
+    """:func:`generate_chat`, streamed: an iterator of text pieces, each yielded as soon as its
+    tokens are generated (:meth:`LlamaModel.generate_steps`)::
+
+        for piece in stream_chat(model, tokenizer, [{"role": "user", "content": "Hi"}]):
+            print(piece, end="", flush=True)
+
+    The pieces concatenate to :func:`generate_chat`'s text for the same arguments (and, when
+    sampling, a generator in the same state). A token that ends inside a multi-byte UTF-8
+    character decodes to a replacement character until the character's last byte arrives,
+    so nothing is yielded while the text decoded so far ends in one; the rest comes at the
+    end. The arguments are :func:`generate_chat`'s, checked when ``stream_chat`` is called.
+
+    Returns:
+        An iterator of the reply's text pieces (never empty strings).
+
+    Raises:
+        TypeError, ValueError: as :func:`generate_chat`.
+    """
+    ids, kw = _chat_prompt(model, tokenizer, messages, max_new_tokens, temperature, template)
+    steps = model.generate_steps(ids, kw.pop("max_new_tokens"), kw.pop("greedy"), generator=generator, **kw)
+    return _pieces(tokenizer, steps)
+
+
+def _pieces(tokenizer: Any, steps: Iterator[Tensor]) -> Iterator[str]:
+    """The new text each token of a one-row generation adds (see :func:`stream_chat`)."""
+    reply: list[int] = []
+    shown = 0
+    for nxt in steps:
+        reply.append(int(nxt[0]))
+        text = tokenizer.decode(reply)
+        if len(text) > shown and not text.endswith("\ufffd"):
+            yield text[shown:]
+            shown = len(text)
+    text = tokenizer.decode(reply)
+    if len(text) > shown:
+        yield text[shown:]
 
 
 def read_gguf(path: str | os.PathLike[str]) -> tuple[LlamaConfig, dict[str, Tensor], dict[str, Any]]:

