@@ -897,6 +897,22 @@ def test_merge_extensions_rejects_bad_parts(ext_case):
         merge_extensions([({}, [], {"units": []})], names=["z"])
 
 
+def test_merge_extensions_keeps_a_search_two_parts_share_once(ext_case):
+    _, rows, data = ext_case
+    search = {"checkpoint": "runs/lab/rope-L128-d64-n1500-s0.pt", "factor": 4.0, "search_seed": 0,
+              "long_factor": [1.0, 2.0], "score": 2.5}
+    other = {**search, "search_seed": 1, "score": 2.6}
+    a = ({"command": "a"}, *_ext_part(rows, {**data, "searches": [search, other]}, TUNED_SEEDS, 1.0))
+    # the second part read the same search from the run's cache (another path to the same file)
+    again = {**search, "checkpoint": "/elsewhere/rope-L128-d64-n1500-s0.pt"}
+    b = ({"command": "b"}, *_ext_part(rows, {**data, "searches": [again]}, [1, LATE_SEED], 1.0))
+    _, merged = merge_extensions([a, b])
+    assert merged["searches"] == [search, other]
+    changed = ({"command": "b"}, *_ext_part(rows, {**data, "searches": [{**again, "score": 9.0}]}, [1, LATE_SEED], 1.0))
+    with pytest.raises(ValueError, match="differs between parts"):
+        merge_extensions([a, changed])
+
+
 def test_load_extension_missing(tmp_path, ext_case):
     _, rows, data = ext_case
     with pytest.raises(FileNotFoundError, match="does not exist"):

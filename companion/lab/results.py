@@ -354,7 +354,9 @@ def merge_extensions(parts: Sequence[tuple[Mapping[str, Any], Sequence[Mapping[s
     Each part is ``(provenance, rows, data)``: what :func:`~companion.utils.load_csv` reads
     from a part's CSV and the ``data`` of its JSON (``python -m companion.lab extend`` over
     some seeds, with its own ``--out`` and ``--json``). The parts must share the
-    ``extend_config``, and no job (method, factor, fine-tune steps, seed) may appear twice.
+    ``extend_config``, and no job (method, factor, fine-tune steps, seed) may appear twice; a
+    LongRoPE search may (a part that fine-tunes LongRoPE reads its checkpoints' searches again),
+    and is kept once if it is the same in every part.
     ``data`` has the parts' ``units``, ``searches`` and ``finetune_logs`` concatenated,
     ``job_seconds`` and ``wall_seconds`` summed, and ``parts``: for each, its name,
     provenance, wall seconds and seeds.
@@ -372,6 +374,7 @@ def merge_extensions(parts: Sequence[tuple[Mapping[str, Any], Sequence[Mapping[s
     merged: dict[str, Any] = {"units": [], "searches": [], "finetune_logs": [], "job_seconds": 0.0,
                               "wall_seconds": 0.0, "parts": []}
     seen: dict[tuple, str] = {}
+    searches_seen: dict[tuple, Any] = {}
     for name, (prov, part_rows, data) in zip(names, parts):
         if not isinstance(data, Mapping) or "extend_config" not in data or "units" not in data:
             raise ValueError(f"{name} is not an extension result (expected 'extend_config' and 'units')")
@@ -386,8 +389,21 @@ def merge_extensions(parts: Sequence[tuple[Mapping[str, Any], Sequence[Mapping[s
                 raise ValueError(f"job {key} (method, factor, steps, seed) is in both {seen[key]} and {name}")
             seen[key] = name
         rows.extend(part_rows)
-        for key in ("units", "searches", "finetune_logs"):
+        for key in ("units", "finetune_logs"):
             merged[key].extend(data.get(key, []))
+        for search in data.get("searches", []):
+            # a part that fine-tunes LongRoPE re-reads the searches of its checkpoints (from the
+            # run's cache): the same search in two parts is kept once, and must be the same
+            skey = (os.path.basename(str(search.get("checkpoint"))), float(search.get("factor", 0)),
+                    search.get("search_seed"))
+            same = {k: v for k, v in search.items() if k != "checkpoint"}
+            if skey in searches_seen:
+                if searches_seen[skey] != same:
+                    raise ValueError(f"the LongRoPE search {skey} (checkpoint, factor, search seed) differs between "
+                                     f"parts; the parts of one run must share their searches")
+                continue
+            searches_seen[skey] = same
+            merged["searches"].append(search)
         for key in ("job_seconds", "wall_seconds"):
             merged[key] += float(data.get(key, 0.0))
         merged["parts"].append({"name": name, "provenance": prov, "wall_seconds": data.get("wall_seconds"),
