@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SCHEME_COLORS", "SCHEME_MARKERS", "use_book_style", "scheme_color", "scheme_marker", "scheme_style"]
+__all__ = ["SCHEME_COLORS", "SCHEME_MARKERS", "METHOD_STYLES", "use_book_style", "scheme_color", "scheme_marker",
+           "scheme_style", "method_style"]
 
 #: One colour per family (colour-blind-safe, after Okabe and Ito).
 SCHEME_COLORS: dict[str, str] = {
@@ -60,6 +61,29 @@ SCHEME_MARKERS: dict[str, str] = {
     "rope-window-nope": "8",
 }
 
+#: One style per RoPE scaling method (chapters 9, 10 and 13) and training-free method (chapters 10
+#: and 11): colour, marker and line style. A control drawn beside its method shares the method's
+#: colour with a dashed line ("NTK at s^2 - s + 1" beside NTK-aware, YaRN without its temperature
+#: beside YaRN). "none" is plain RoPE, drawn in grey so that it reads as the baseline.
+METHOD_STYLES: dict[str, dict[str, str]] = {
+    "none": {"color": "#555555", "marker": "o", "linestyle": "-"},
+    "pi": {"color": "#0072B2", "marker": "s", "linestyle": "-"},
+    "ntk": {"color": "#E69F00", "marker": "^", "linestyle": "-"},
+    "ntk-matched": {"color": "#E69F00", "marker": "v", "linestyle": "--"},
+    "dynamic": {"color": "#CC6677", "marker": "D", "linestyle": "-"},
+    "yarn": {"color": "#009E73", "marker": "P", "linestyle": "-"},
+    "yarn-no-temp": {"color": "#009E73", "marker": "X", "linestyle": "--"},
+    "llama3": {"color": "#CC79A7", "marker": "*", "linestyle": "-"},
+    "longrope": {"color": "#56B4E9", "marker": "h", "linestyle": "-"},
+    "abf": {"color": "#882255", "marker": "p", "linestyle": "-"},
+    "rerope": {"color": "#6699CC", "marker": "<", "linestyle": "-"},
+    "leaky_rerope": {"color": "#004488", "marker": ">", "linestyle": "-"},
+    "self_extend": {"color": "#997700", "marker": "d", "linestyle": "-"},
+    "sinks": {"color": "#994455", "marker": "H", "linestyle": "-"},
+    "window_only": {"color": "#EE99AA", "marker": "8", "linestyle": "-"},
+    "sinks_no_rerotate": {"color": "#994455", "marker": "1", "linestyle": "--"},
+}
+
 _STYLE: dict[str, Any] = {
     "figure.figsize": (7.0, 3.6),
     "figure.dpi": 100,
@@ -108,3 +132,12 @@ def scheme_marker(name: str) -> str:
 def scheme_style(name: str) -> dict[str, str]:
     """``{"color": ..., "marker": ...}`` of a scheme, for ``ax.plot(..., **scheme_style(s))``."""
     return {"color": scheme_color(name), "marker": scheme_marker(name)}
+
+
+def method_style(name: str) -> dict[str, str]:
+    """``{"color", "marker", "linestyle"}`` of a scaling or training-free method (a key of
+    :data:`METHOD_STYLES`, as :mod:`companion.lab.extend` and :mod:`companion.longctx` name them),
+    for ``ax.plot(..., **method_style(m))``."""
+    if not isinstance(name, str) or name.lower() not in METHOD_STYLES:
+        raise ValueError(f"unknown method {name!r}; known: {sorted(METHOD_STYLES)}")
+    return dict(METHOD_STYLES[name.lower()])

@@ -134,6 +134,23 @@ def test_chapter_11_comparisons_have_distinct_colours_and_markers():
     assert len(set(SCHEME_MARKERS.values())) == len(SCHEME_MARKERS)  # no marker serves two schemes
 
 
+def test_method_styles_are_distinct_and_controls_share_their_methods_colour():
+    from companion.lab.extend import METHODS
+    from companion.lab.trainfree_lab import LAB_TRAINFREE
+    from companion.plotting import METHOD_STYLES, method_style
+    assert set(METHODS) <= set(METHOD_STYLES) and set(LAB_TRAINFREE) <= set(METHOD_STYLES)
+    looks = {(v["color"], v["marker"], v["linestyle"]) for v in METHOD_STYLES.values()}
+    assert len(looks) == len(METHOD_STYLES)                          # no two methods drawn alike
+    assert len({v["marker"] for v in METHOD_STYLES.values()}) == len(METHOD_STYLES)  # grey-scale print
+    for control, method in (("ntk-matched", "ntk"), ("yarn-no-temp", "yarn"), ("sinks_no_rerotate", "sinks")):
+        assert method_style(control)["color"] == method_style(method)["color"]
+        assert method_style(control)["linestyle"] != method_style(method)["linestyle"]
+    solid = [k for k, v in METHOD_STYLES.items() if v["linestyle"] == "-"]
+    assert len({METHOD_STYLES[k]["color"] for k in solid}) == len(solid)  # methods drawn solid differ in colour
+    with pytest.raises(ValueError, match="unknown method 'xyz'"):
+        method_style("xyz")
+
+
 def test_peak_tensor_bytes_counts_live_storages():
     x = torch.zeros(1000)
 
