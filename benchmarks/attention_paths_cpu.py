@@ -1,31 +1,38 @@
-"""The measurements behind the dispatcher's thresholds (companion.dispatch), on CPU.
+"""Each attention path against SDPA ``is_causal`` at the same shape, in time and peak memory (CPU).
 
-    python benchmarks/attention_paths_cpu.py
-    python benchmarks/attention_paths_cpu.py --lengths 512 --block-sizes 32 64 128 256 512
+    python benchmarks/attention_paths_cpu.py                  # L = 8192 and 16384, the issue's shape
+    python benchmarks/attention_paths_cpu.py --quick          # smoke run: L = 1024, one round
+    python benchmarks/attention_paths_cpu.py --lengths 4096 --modes forward --schemes alibi t5
 
-For each length ``L`` (default batch 8, 4 heads, head dim 16, causal, float32, one thread,
-forward plus backward of ``out.sum()``) it times, round-robin over ``--rounds`` rounds:
+For each length ``L`` (batch 1, 8 heads, head dim 64, float32, causal, ``--threads`` torch
+threads; the issue's shape) and mode (``forward`` under ``torch.no_grad()``, ``backward``:
+forward plus backward with a fixed random upstream gradient, the bias's parameters trainable)
+it times, round-robin over ``--rounds`` rounds, the median of:
 
-* ``causal``: ``scaled_dot_product_attention(q, k, v, is_causal=True)``, the baseline;
-* ``alibi sdpa`` / ``t5 sdpa``: SDPA with the ``(1, heads, L, L)`` float mask (the bias
-  with ``-inf`` above the diagonal), built inside the timed call; T5's table needs a
-  gradient, which sends SDPA to its unfused math kernel;
-* ``alibi blockwise`` / ``t5 blockwise``: :func:`companion.blockwise.bias_attention` with
-  the tile size :func:`companion.dispatch.block_size_for` picks (or each of
-  ``--block-sizes``).
+* ``sdpa``: ``scaled_dot_product_attention(q, k, v, is_causal=True)``, no bias: the unit;
+* each bias scheme (ALiBi, T5 with 32 buckets to distance 128, KERPLE log, FIRE) through
+  :func:`companion.dispatch.fast_attention`, as dispatched (the path is printed);
+* ``window``: NoPE and RoPE with ``window=W`` (``--window``) through ``fast_attention``, and
+  RoPE without a window, the full causal attention the window replaces;
+* ``shaw`` (forward only, with ``--shaw``): Shaw et al.'s relative attention through
+  ``fast_attention`` (the ``"query-blocks"`` path: no gradient).
 
-It prints each median as a multiple of the baseline's median at the same length: the table
-in the docstring of :mod:`companion.dispatch`. Nothing is stored; timings on a shared
-machine are noisy, the ratios within one run less so.
-
-The forward-only timings of the ``"query-blocks"`` path (evaluation, no gradient) are
-``benchmarks/eval_attention_cpu.py``'s.
+It prints each median as a multiple of ``sdpa``'s, all from this one run, and the peak extra
+memory of one call of each (forward, or forward plus backward) as a fraction of the
+materialised float32 bias ``batch * heads * L * L * 4`` bytes. Peak memory is measured in a
+fresh subprocess per call, as ``benchmarks/bias_attention_cpu.py`` does (the resident-set
+high-water mark after ``/proc/self/clear_refs``, minus the resident set before; the inputs
+exist before). ``--out FILE`` stores everything with provenance; ``--quick`` is a smoke run
+(``L = 1024``, one round), and on a machine loaded by other jobs every ratio is noisy:
+there ``--threads 1 --clock cpu`` (this process's CPU time) leaves out the waits for a core.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,53 +43,136 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from companion import ALiBi, T5RelativeBias, bias_attention, causal_mask  # noqa: E402
-from companion.dispatch import block_size_for  # noqa: E402
+from attention_tiles_cpu import round_robin  # noqa: E402
+from bias_attention_cpu import _peak_since, _reset_peak, _status_mib  # noqa: E402
+from companion import FIRE, ALiBi, KerpleBias, NoPE, RotaryEmbedding, ShawRelative, T5RelativeBias  # noqa: E402
+from companion.dispatch import attention_path, fast_attention  # noqa: E402
+from companion.utils import save_result  # noqa: E402
+
+BIAS_SCHEMES = ("alibi", "t5", "kerple", "fire")
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512, 1024, 2048])
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--head-dim", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--block-sizes", type=int, nargs="*", default=None,
-                    help="time the blockwise paths with these tile sizes (default: block_size_for's)")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
+def build(name: str, heads: int, head_dim: int, train: bool) -> torch.nn.Module:
+    torch.manual_seed(0)
+    scheme = {"alibi": lambda: ALiBi(heads),
+              "t5": lambda: T5RelativeBias(heads, num_buckets=32, max_distance=128, bidirectional=False),
+              "kerple": lambda: KerpleBias(heads, form="log"),
+              "fire": lambda: FIRE(heads),
+              "nope": NoPE, "rope": lambda: RotaryEmbedding(head_dim),
+              "shaw": lambda: ShawRelative(head_dim, max_distance=128)}[name]()
+    return scheme.requires_grad_(train)
+
+
+def calls(args: argparse.Namespace, length: int, mode: str) -> tuple[dict, dict]:
+    """The timed functions (label -> zero-argument callable) and their paths."""
     b, h, d = args.batch, args.heads, args.head_dim
-    alibi = ALiBi(h)
-    t5 = T5RelativeBias(h, num_buckets=32, max_distance=128, bidirectional=False)
-    print(f"batch {b}, {h} heads, head dim {d}, causal, float32, {args.threads} thread(s); "
-          f"median of {args.rounds} rounds, as a multiple of SDPA is_causal")
-    for length in args.lengths:
-        gen = torch.Generator().manual_seed(0)
-        q, k, v = (torch.randn(b, h, length, d, generator=gen).requires_grad_() for _ in range(3))
-        pos = torch.arange(length)
-        future = ~causal_mask(pos, pos)
+    grad = mode == "backward"
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(b, h, length, d, generator=gen).requires_grad_(grad) for _ in range(3))
+    upstream = torch.randn(b, h, length, d, generator=gen)
 
-        def sdpa_bias(scheme):
-            mask = scheme.bias(pos, pos).masked_fill(future, float("-inf"))[None]
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    def run(fn):
+        def call():
+            with torch.set_grad_enabled(grad):
+                out = fn()
+                if grad:
+                    out.backward(upstream)
+        return call
 
-        calls = {"causal": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                 "alibi sdpa": lambda: sdpa_bias(alibi), "t5 sdpa": lambda: sdpa_bias(t5)}
-        for bs in args.block_sizes or [block_size_for(b * h, length)]:
-            calls[f"alibi blockwise {bs}"] = lambda bs=bs: bias_attention(q, k, v, alibi, causal=True, block_size=bs)
-            calls[f"t5 blockwise {bs}"] = lambda bs=bs: bias_attention(q, k, v, t5, causal=True, block_size=bs)
-        times: dict[str, list[float]] = {name: [] for name in calls}
-        for fn in calls.values():  # warm-up
-            fn().sum().backward()
-        for _ in range(args.rounds):
-            for name, fn in calls.items():
-                start = time.perf_counter()
-                fn().sum().backward()
-                times[name].append(time.perf_counter() - start)
-        base = statistics.median(times["causal"])
-        cells = "  ".join(f"{n} {statistics.median(t) / base:.2f}" for n, t in times.items() if n != "causal")
-        print(f"L={length:<5d} causal {base * 1e3:7.1f} ms  {cells}", flush=True)
+    fns = {"sdpa": run(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))}
+    paths = {"sdpa": "SDPA is_causal"}
+    entries = [(name, name, {}) for name in args.schemes]
+    if args.window:
+        entries += [(f"nope w={args.window}", "nope", {"window": args.window}),
+                    (f"rope w={args.window}", "rope", {"window": args.window}), ("rope full", "rope", {})]
+    if args.shaw and not grad:
+        entries.append(("shaw", "shaw", {}))
+    for label, name, kw in entries:
+        scheme = build(name, h, d, grad)
+        with torch.set_grad_enabled(grad):
+            paths[label] = attention_path(q, k, v, scheme, causal=True, **kw)
+        fns[label] = run(lambda scheme=scheme, kw=kw: fast_attention(q, k, v, scheme, causal=True, **kw))
+    return fns, paths
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One call of one label after resetting the peak; prints its peak extra MiB as JSON."""
+    label, length, mode = args.worker
+    torch.set_num_threads(args.threads)
+    fns, _ = calls(args, int(length), mode)
+    rss = _status_mib("VmRSS")
+    ok = _reset_peak()
+    fns[label]()
+    print(json.dumps({"peak_extra_mib": _peak_since(rss, ok)}))
+
+
+def peak(args: argparse.Namespace, label: str, length: int, mode: str, argv: list[str]) -> float:
+    cmd = [sys.executable, __file__, *argv, "--worker", label, str(length), mode]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise RuntimeError(f"{label} at L={length} ({mode}) failed:\n{res.stderr[-2000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])["peak_extra_mib"]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smoke run: L = 1024, one round")
+    ap.add_argument("--lengths", type=int, nargs="+", default=None)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: this process's CPU time, with --threads 1 only (a machine loaded by other jobs)")
+    ap.add_argument("--rounds", type=int, default=None, help="default 3 (--quick: 1)")
+    ap.add_argument("--modes", nargs="+", choices=("forward", "backward"), default=["forward", "backward"])
+    ap.add_argument("--schemes", nargs="*", choices=BIAS_SCHEMES, default=list(BIAS_SCHEMES))
+    ap.add_argument("--window", type=int, default=512, help="the sliding window of the NoPE/RoPE rows (0: none)")
+    ap.add_argument("--shaw", action="store_true", help="also Shaw (forward; its reference path is L x L)")
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    ap.add_argument("--out", default=None, help="also store the results (JSON with provenance)")
+    ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    argv = sys.argv[1:] if argv is None else argv
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return {}
+    lengths = args.lengths or ([1024] if args.quick else [8192, 16384])
+    rounds = args.rounds or (1 if args.quick else 3)
+    worker_argv = [a for a in argv if a != "--quick"] + ["--batch", str(args.batch), "--heads", str(args.heads),
+                                                         "--head-dim", str(args.head_dim)]
+    if args.clock == "cpu" and args.threads != 1:
+        ap.error("--clock cpu needs --threads 1 (CPU time adds up every thread's spinning)")
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()[0]
+    print(f"batch {args.batch}, {args.heads} heads, head dim {args.head_dim}, causal, float32, {args.threads} "
+          f"thread(s), median of {rounds} round(s); time as a multiple of SDPA is_causal, peak extra memory as a "
+          f"fraction of the materialised float32 bias; load {load_before:.2f}", flush=True)
+    results = []
+    for length in lengths:
+        bias_mib = args.batch * args.heads * length * length * 4 / 2**20
+        for mode in args.modes:
+            fns, paths = calls(args, length, mode)
+            times, med = round_robin(fns, rounds, clock)
+            print(f"L={length} {mode}: sdpa is_causal {med['sdpa']:.3f} s; bias {bias_mib:.0f} MiB", flush=True)
+            for name in fns:
+                mib = None if args.no_memory else peak(args, name, length, mode, worker_argv)
+                row = {"length": length, "mode": mode, "label": name, "path": paths[name], "seconds": med[name],
+                       "times": times[name], "over_sdpa": med[name] / med["sdpa"], "peak_extra_mib": mib,
+                       "peak_over_bias": None if mib is None else mib / bias_mib}
+                results.append(row)
+                memory = "" if mib is None else f"  peak +{mib:8.1f} MiB = {mib / bias_mib:.3f} of the bias"
+                print(f"  {name:<14s} {paths[name]:<14s} {med[name]:8.3f} s  {med[name] / med['sdpa']:6.2f}x{memory}",
+                      flush=True)
+    data = {"config": {"batch": args.batch, "heads": args.heads, "head_dim": args.head_dim, "threads": args.threads,
+                       "rounds": rounds, "lengths": lengths, "modes": args.modes, "window": args.window,
+                       "quick": args.quick, "clock": args.clock},
+            "load_average": {"before": load_before, "after": os.getloadavg()[0]}, "results": results}
+    if args.out:
+        path = save_result(args.out, data, command="python benchmarks/attention_paths_cpu.py " + " ".join(argv))
+        print(f"wrote {path}")
+    return data
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Evaluation-time attention on CPU: the dispatcher's ``"query-blocks"`` path against the old one.
+"""Evaluation-time attention on CPU: the dispatcher's evaluation paths against the old ones.
 
     python benchmarks/eval_attention_cpu.py                          # L = 1024, 2048; 5 repeats
     python benchmarks/eval_attention_cpu.py --lengths 2048 --repeats 3
@@ -6,18 +6,20 @@
 
 The lab evaluates (chapter 8) without a gradient, and there :func:`companion.dispatch.fast_attention`
 takes its ``"query-blocks"`` path for causal self-attention past :data:`~companion.dispatch.QUERY_BLOCK`
-positions with a ``score`` hook or a ``bias`` hook past :data:`~companion.dispatch.SDPA_BIAS_PAIRS`
-(see the module docstring of :mod:`companion.dispatch`). For each length ``L`` (default batch 8,
+positions with a ``score`` hook, and its fused ``"blockwise"`` path for a ``bias`` hook past
+:data:`~companion.dispatch.SDPA_BIAS_PAIRS` pairs (see the module docstring of
+:mod:`companion.dispatch`). For each length ``L`` (default batch 8,
 4 heads, head dim 16: the lab model's; float32, causal, under ``torch.no_grad()``, one thread)
 and each scheme built as the lab builds it (:func:`companion.lab.build_scheme` with ``d_model=64,
 n_heads=4, max_len=2048, train_len=128``), it times, round-robin over ``--repeats`` rounds:
 
 * ``sdpa``: ``scaled_dot_product_attention(q, k, v, is_causal=True)``, no position scheme: the unit;
-* ``qb``: :func:`~companion.dispatch.fast_attention` as dispatched (asserted to be ``"query-blocks"``);
+* ``qb``: :func:`~companion.dispatch.fast_attention` as dispatched (asserted to be
+  ``"query-blocks"`` for a ``score`` scheme, ``"blockwise"`` for a ``bias`` one);
 * ``old``: the path ``fast_attention`` took before ``"query-blocks"`` existed: for a ``bias``
-  scheme (ALiBi, T5, Kerple, FIRE) :func:`companion.blockwise.bias_attention` with the tiles of
-  :func:`~companion.dispatch.block_size_for`; for a ``score`` scheme (Shaw, Transformer-XL, CoPE)
-  the reference :func:`companion.attention.attention`.
+  scheme (ALiBi, T5, Kerple, FIRE) :func:`companion.blockwise.bias_attention`'s explicit tiles,
+  sized by :func:`~companion.dispatch.block_size_for`; for a ``score`` scheme (Shaw,
+  Transformer-XL, CoPE) the reference :func:`companion.attention.attention`.
 
 Time is the CPU time of this process (``time.process_time``) around one call: on one thread, on
 a machine shared with other jobs, it leaves out the time spent waiting for a core (the
@@ -64,6 +66,12 @@ CHECK_BATCH, CHECK_LEN = 2, 2 * QUERY_BLOCK + 37
 CHECK_REL, CHECK_ULPS = 4.0, 16.0
 
 
+def new_path(scheme) -> str:
+    """The path ``fast_attention`` takes now: ``"query-blocks"`` for a ``score`` scheme, the
+    fused block path (``"blockwise"``) for a ``bias`` one."""
+    return "query-blocks" if "score" in scheme.hooks() else "blockwise"
+
+
 def old_path(scheme) -> str:
     """``"blockwise"`` for a ``bias`` scheme, ``"reference"`` for a ``score`` one."""
     hooks = scheme.hooks()
@@ -92,8 +100,8 @@ def check(name: str, scheme, heads: int, head_dim: int) -> dict:
     q, k, v = (torch.randn(CHECK_BATCH, heads, CHECK_LEN, head_dim, generator=gen) for _ in range(3))
     with torch.no_grad():
         path = attention_path(q, k, v, s32, causal=True)
-        if path != "query-blocks":
-            raise SystemExit(f"{name}: fast_attention takes {path!r} on the check case, not 'query-blocks'")
+        if path != new_path(s32):
+            raise SystemExit(f"{name}: fast_attention takes {path!r} on the check case, not {new_path(s32)!r}")
         want = attention(q.double(), k.double(), v.double(), s64, causal=True)
         err_qb = float((fast_attention(q, k, v, s32, causal=True).double() - want).abs().max())
         err_old = float((run_old(q, k, v, s32).double() - want).abs().max())
@@ -126,7 +134,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"check {name:<10s} max |err| vs float64 at L={c['length']}: query-blocks {c['err_query_blocks']:.1e}, "
               f"old {c['err_old']:.1e} (tolerance {c['tolerance']:.1e})", flush=True)
     print(f"batch {b}, {h} heads, head dim {d}, causal, float32, no_grad, {args.threads} thread(s); "
-          f"median CPU time of {args.repeats} rounds; qb = fast_attention ('query-blocks'), old = blockwise "
+          f"median CPU time of {args.repeats} rounds; qb = fast_attention (query-blocks for a score scheme, "
+          f"the fused blockwise path for a bias scheme), old = the explicit blockwise tiles "
           f"(bias) or reference (score); times as multiples of SDPA is_causal; load {load_before:.2f}", flush=True)
     rows: dict[str, dict] = {}
     for length in args.lengths:
@@ -136,8 +145,8 @@ def main(argv: list[str] | None = None) -> dict:
         for name, s in schemes.items():
             with torch.no_grad():
                 path = attention_path(q, k, v, s, causal=True)
-            if path != "query-blocks":
-                raise SystemExit(f"{name}: fast_attention takes {path!r} at L={length}, not 'query-blocks'")
+            if path != new_path(s):
+                raise SystemExit(f"{name}: fast_attention takes {path!r} at L={length}, not {new_path(s)!r}")
             calls[f"{name} qb"] = lambda s=s: fast_attention(q, k, v, s, causal=True)
             calls[f"{name} old"] = lambda s=s: run_old(q, k, v, s)
         cpu: dict[str, list[float]] = {c: [] for c in calls}

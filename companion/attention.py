@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import (
+    check_positive_int,
     nonfinite_flags,
     restore_nonfinite,
     zero_nonfinite,
@@ -181,6 +182,39 @@ def causal_mask(q_pos: Tensor, k_pos: Tensor) -> Tensor:
     return k_pos.unsqueeze(-2) <= q_pos.unsqueeze(-1)
 
 
+def _check_local(window: object, chunk: object, causal: bool) -> tuple[int | None, int | None]:
+    """Validate ``window`` and ``chunk`` (each ``None`` or an int ``>= 1``, only with
+    ``causal=True``); returns them."""
+    for name, value in (("window", window), ("chunk", chunk)):
+        if value is None:
+            continue
+        check_positive_int(value, name)
+        if not causal:
+            raise ValueError(
+                f"{name}={value} needs causal=True: a {'sliding window' if name == 'window' else 'chunk'} "
+                f"limits how far back a query sees (keys at or before it), so it is defined for causal "
+                f"attention only; pass causal=True, or an attn_mask for another pattern"
+            )
+    return window, chunk  # type: ignore[return-value]
+
+
+def _visibility(q_pos: Tensor, k_pos: Tensor, causal: bool, window: int | None = None,
+                chunk: int | None = None) -> Tensor | None:
+    """Bool ``True`` = attend from the causal mask, the sliding ``window`` and the ``chunk``
+    (validated int positions), ``(q_len, k_len)`` or ``(batch, q_len, k_len)``; ``None``
+    without ``causal``. Query ``i`` sees key ``j`` iff ``j <= i``, ``i - window < j`` and
+    ``j // chunk == i // chunk`` (each rule where given)."""
+    if not causal:
+        return None
+    qp, kp = q_pos.unsqueeze(-1), k_pos.unsqueeze(-2)
+    vis = kp <= qp
+    if window is not None:
+        vis = vis & (kp > qp - window)
+    if chunk is not None:
+        vis = vis & (torch.div(kp, chunk, rounding_mode="floor") == torch.div(qp, chunk, rounding_mode="floor"))
+    return vis
+
+
 def _check_hook_shape(term: object, want: tuple[int, ...], scheme: PositionScheme, hook: str,
                       names: str) -> None:
     """A ``bias``/``score``/``score_values`` term must be a tensor that broadcasts to ``want``."""
@@ -238,14 +272,27 @@ class _Prologue(NamedTuple):
     #: ``arange(k_len)`` for a grid scheme, whose positions have no total order
     q_order: Tensor | None = None
     k_order: Tensor | None = None
+    #: the sliding window and the chunk size (``None``: none), validated (causal only)
+    window: int | None = None
+    chunk: int | None = None
+
+    def visible(self) -> Tensor | None:
+        """Bool ``True`` = attend from ``causal``, ``window`` and ``chunk`` over
+        :attr:`q_order` / :attr:`k_order`, ``(q_len, k_len)`` or ``(batch, q_len, k_len)``;
+        ``None`` when not causal."""
+        assert self.q_order is not None and self.k_order is not None
+        return _visibility(self.q_order, self.k_order, self.causal, self.window, self.chunk)
 
     def operands(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``q, k, v`` in the work dtype, with every key/value head repeated
-        ``heads // kv_heads`` times (grouped-query attention)."""
+        ``heads // kv_heads`` times (grouped-query attention). The cast comes first, so that
+        the backward pass sums a key head's gradients over its group in the work dtype and
+        rounds a half-precision gradient once."""
+        q, k, v = q.to(self.work), k.to(self.work), v.to(self.work)
         if self.kv_heads != self.heads:
             k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
-        return q.to(self.work), k.to(self.work), v.to(self.work)
+        return q, k, v
 
 
 def _prologue(
@@ -260,6 +307,8 @@ def _prologue(
     scale: float | None = None,
     attn_mask: Tensor | None = None,
     materialize: bool = True,
+    window: int | None = None,
+    chunk: int | None = None,
 ) -> _Prologue:
     """The checks and defaults every attention path shares, in one place.
 
@@ -281,6 +330,7 @@ def _prologue(
         attn_mask: ``None`` or a mask as in :func:`attention`.
         materialize: build the default positions (``False``: leave them ``None``, for a
             caller that computes them itself).
+        window, chunk: ``None`` or an int ``>= 1``, only with ``causal=True``.
 
     Returns:
         A :class:`_Prologue`; its :meth:`~_Prologue.operands` gives the GQA-repeated ``q, k,
@@ -293,6 +343,7 @@ def _prologue(
     if scheme is not None:
         scheme.check_heads(h)
     causal = check_bool(causal, "causal")
+    window, chunk = _check_local(window, chunk, causal)
     q_start = max(lk - lq, 0)
     axes = 1 if scheme is None else scheme.position_axes
     if axes == 1:
@@ -313,7 +364,7 @@ def _prologue(
     allowed, additive = normalize_mask(attn_mask, (b, h, lq, lk), device=q.device)
     work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     return _Prologue(b, h, lq, d, hk, lk, causal, scale, q_pos, k_pos, q_start, allowed, additive, work,
-                     q_order, k_order)
+                     q_order, k_order, window, chunk)
 
 
 def _as_scheme(scheme: object, name: str = "scheme") -> PositionScheme:
@@ -337,6 +388,8 @@ def attention(
     attn_mask: Tensor | None = None,
     scale: float | None = None,
     return_weights: bool = False,
+    window: int | None = None,
+    chunk: int | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Reference scaled dot-product attention that honours every position hook.
 
@@ -369,6 +422,19 @@ def attention(
         scale: logit scale, a finite number > 0; default ``1 / sqrt(head_dim)``. T5 uses
             ``1.0``.
         return_weights: also return the attention weights.
+        window: sliding-window attention (Mistral, Gemma, HuggingFace's
+            ``sliding_window``): query ``i`` sees only the ``window`` keys ``j`` with ``i -
+            window < j <= i``, itself included (by position, as ``causal``). An int ``>=
+            1`` or ``None`` (no window); it needs ``causal=True`` (``ValueError``
+            otherwise).
+        chunk: chunked attention (Llama 4's local layers, HuggingFace's
+            ``attention_chunk_size``): query ``i`` sees only the keys ``j <= i`` of its own
+            chunk, ``j // chunk == i // chunk`` (positions floor-divided by ``chunk``). An
+            int ``>= 1`` or ``None``; needs ``causal=True``. With ``window`` too, a key must
+            pass both. Both rules are those of transformers' ``sliding_window_overlay`` and
+            ``chunked_overlay`` (``masking_utils``), which count cache indices from the first
+            real token of a left-padded row: per-row positions that start at 0 there (as
+            :func:`companion.rope.positions_from_mask` gives) make them the same.
 
     Returns:
         The output ``(batch, heads, q_len, v_dim)`` in ``q``'s dtype, and the weights if
@@ -387,7 +453,8 @@ def attention(
         ValueError: bad shapes, values or masks; a scheme built for another number of heads.
     """
     scheme = _as_scheme(scheme)
-    pro = _prologue(q, k, v, scheme, q_pos, k_pos, causal=causal, scale=scale, attn_mask=attn_mask)
+    pro = _prologue(q, k, v, scheme, q_pos, k_pos, causal=causal, scale=scale, attn_mask=attn_mask,
+                    window=window, chunk=chunk)
     return_weights = check_bool(return_weights, "return_weights")
     b, h, lq, d, hk, lk = pro[:6]
     causal, scale, q_pos, k_pos, allowed, additive, work = (
@@ -409,13 +476,13 @@ def attention(
     if additive is not None:
         logits = logits + additive.to(work)
     # Masked keys get the lowest finite logit, not -inf, so that a row with no visible key
-    # has a finite softmax and finite gradients. Keys are masked by the causal mask, a
-    # bool/int mask, and -inf entries of the bias or of an additive mask (whatever the
-    # content logit: inf + -inf is NaN, so those entries are overwritten too).
+    # has a finite softmax and finite gradients. Keys are masked by the causal mask (with the
+    # window and the chunk), a bool/int mask, and -inf entries of the bias or of an additive
+    # mask (whatever the content logit: inf + -inf is NaN, so those entries are overwritten too).
     lowest = torch.finfo(work).min
     hidden = [m for m in (
         None if allowed is None else ~allowed,
-        None if not causal else ~_heads_view(causal_mask(pro.q_order, pro.k_order)),
+        None if not causal else ~_heads_view(pro.visible()),
     ) if m is not None]
     for term in (pos_bias, additive):
         if term is not None:

@@ -89,6 +89,23 @@ def bound(dtype: torch.dtype, length: int, magnitude: float = 4.0, d: int = D) -
     return 8 * (d + 2 * length) * torch.finfo(dtype).eps * magnitude
 
 
+def grad_bound(grad: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, upstream: torch.Tensor,
+               v: torch.Tensor) -> float:
+    """The tolerance of one gradient. In the inputs' dtype: ``bound`` times its magnitude,
+    twice (a gradient sums up to ``L`` products of the terms above). A parameter of another
+    dtype (T5's float32 table beside float64 inputs) has its gradient summed in its own: both
+    paths add the logits' gradients ``dS_ij`` of each bucket, rounded to float32, in float32 and
+    in another order, each within ``(n + 1) u S`` of the exact sum (``n = batch * q_len *
+    k_len`` terms at most, ``S = sum |dS_ij|``). With ``dS_ij = P_ij (dP_ij - D_i)``, ``|dP_ij|
+    <= |do_i| |v_j|`` and ``sum_j P_ij = 1``, ``S <= 2 sum_i |do_i| max_j |v_j|``."""
+    if grad.dtype == dtype:
+        return bound(dtype, v.shape[2]) * max(1.0, float(ref.abs().max())) * 2
+    u = torch.finfo(grad.dtype).eps / 2
+    total = 2 * float(upstream.double().norm(dim=-1).sum()) * float(v.detach().double().norm(dim=-1).max())
+    n = upstream.shape[0] * upstream.shape[2] * v.shape[2]
+    return 2 * (n + 1) * u * total
+
+
 # Each configuration: (b, lq, lk, kv_heads, causal, mask kind, positions kind); v_dim is D
 # except in "v-dim" (values narrower than queries and keys).
 CONFIGS = {
@@ -168,7 +185,7 @@ def check_against_reference(scheme, config, dtype, seed=0):
     names = ["q", "k", "v"] + [n for n, p in scheme.named_parameters() if p.requires_grad]
     for name, g, r in zip(names, grads, ref_grads):
         # A gradient sums up to L products of the terms above (a table entry: all pairs).
-        torch.testing.assert_close(g, r, rtol=0, atol=tol * max(1.0, float(r.abs().max())) * 2,
+        torch.testing.assert_close(g, r, rtol=0, atol=grad_bound(g, r, dtype, upstream, v),
                                    msg=lambda m, name=name: f"grad of {name} ({path}): {m}")
     return path
 
@@ -208,15 +225,17 @@ def test_forced_paths_match_the_reference(cls, forcing, config, dtype, monkeypat
 
 
 def test_the_cases_reach_every_path(monkeypatch):
-    """The parametrized cases above cover each path the dispatcher has."""
+    """The parametrized cases above (with the forcings of the next test) cover each path the
+    dispatcher has."""
     seen = set()
+    monkeypatch.setattr(dispatch, "SDPA_BIAS_PAIRS", 1 << 40)  # the "sdpa" forcing
     for cls in ATTENTION_SCHEMES:
         for config in CONFIGS:
             q, k, v, q_pos, k_pos, mask, causal = build_case(config, torch.float64)
             seen.add(attention_path(q, k, v, make_scheme(cls), q_pos, k_pos, causal=causal, attn_mask=mask))
-    monkeypatch.setattr(dispatch, "SDPA_GRAD_BIAS_PAIRS", 0)
+    monkeypatch.setattr(dispatch, "SDPA_BIAS_PAIRS", 0)  # the "blockwise-bias" forcing
     q, k, v, *_ = build_case("self-causal", torch.float64)
-    seen.add(attention_path(q, k, v, make_scheme(T5RelativeBias), causal=True))
+    seen.add(attention_path(q, k, v, make_scheme(ALiBi), causal=True))
     # and the query blocks of long evaluations (tests at the end of this file)
     n = dispatch.QUERY_BLOCK + 1
     with torch.no_grad():
@@ -246,21 +265,51 @@ def test_path_for_position_free_and_rotate_schemes():
     assert attention_path(qd, kd, vd, NoPE(), causal=True) == "sdpa-mask"
 
 
-def test_path_for_bias_schemes_follows_the_measured_thresholds():
+def _stored_crossover(modes) -> int:
+    """The longest stored length up to which the float mask's time is at most the best
+    block's, geometric means over the stored shapes of ``modes``, from the shortest on:
+    the rule of the module docstring, re-derived from the raw rows."""
+    rows = companion.utils.load_result(dispatch.TILES_FILE)["data"]["rows"]
+    lengths = sorted({r["length"] for r in rows if r["mode"] in modes and r["sdpa_bias"] is not None})
+    best = 0
+    for n in lengths:
+        here = [r for r in rows if r["mode"] in modes and r["length"] == n and r["sdpa_bias"] is not None]
+        mask = torch.tensor([r["sdpa_bias"] for r in here], dtype=torch.float64).log().mean()
+        block = torch.tensor([min(r["blocks"].values()) for r in here], dtype=torch.float64).log().mean()
+        if mask > block:
+            break
+        best = n
+    return best
+
+
+def test_bias_thresholds_come_from_the_stored_measurement():
+    assert dispatch.SDPA_BIAS_PAIRS == _stored_crossover(("forward", "backward")) ** 2
+    assert dispatch.SDPA_GRAD_BIAS_PAIRS == _stored_crossover(("bias-grad",)) ** 2
+
+
+@pytest.mark.parametrize("pairs", [0, 1, 9, 128**2])
+def test_path_for_bias_schemes_follows_the_thresholds(pairs, monkeypatch):
+    """At most SDPA_BIAS_PAIRS (no gradient for the bias) or SDPA_GRAD_BIAS_PAIRS (T5's table)
+    pairs: the float mask; one more: the block path."""
+    monkeypatch.setattr(dispatch, "SDPA_BIAS_PAIRS", pairs)
+    monkeypatch.setattr(dispatch, "SDPA_GRAD_BIAS_PAIRS", pairs)
     alibi, t5 = ALiBi(H), T5RelativeBias(H, bidirectional=False)
-    short, at_limit, longer = shapes(lq=128, lk=128), shapes(lq=512, lk=512), shapes(lq=513, lk=512)
-    assert attention_path(*short, alibi, causal=True) == "sdpa-bias"
-    assert attention_path(*at_limit, alibi, causal=True) == "sdpa-bias"
-    assert attention_path(*longer, alibi, causal=True) == "blockwise"
-    assert attention_path(*short, t5, causal=True) == "sdpa-bias"  # the table needs a gradient
-    assert attention_path(*shapes(lq=129, lk=128), t5, causal=True) == "blockwise"
-    with torch.no_grad():  # no gradient: the table is a constant bias, like ALiBi's
-        assert attention_path(*at_limit, t5, causal=True) == "sdpa-bias"
-    t5.requires_grad_(False)
-    assert attention_path(*at_limit, t5, causal=True) == "sdpa-bias"
+    n = max(1, int(pairs**0.5))
+    within, longer = shapes(lq=n, lk=n), shapes(lq=n, lk=n + 1)
+    for scheme in (alibi, t5):
+        assert attention_path(*within, scheme, causal=True) == ("sdpa-bias" if pairs else "blockwise")
+        assert attention_path(*longer, scheme, causal=True) == "blockwise"
+    monkeypatch.setattr(dispatch, "SDPA_GRAD_BIAS_PAIRS", 0)  # the table's gradient decides
+    if pairs:
+        assert attention_path(*within, t5, causal=True) == "blockwise"
+        with torch.no_grad():  # no gradient: the table is a constant bias, like ALiBi's
+            assert attention_path(*within, t5, causal=True) == "sdpa-bias"
+        t5.requires_grad_(False)
+        assert attention_path(*within, t5, causal=True) == "sdpa-bias"
 
 
 def test_path_respects_the_mask_budget(monkeypatch):
+    monkeypatch.setattr(dispatch, "SDPA_BIAS_PAIRS", 64)  # these 8 x 8 biases take the float mask
     q, k, v = shapes(b=2)
     per_row = torch.arange(8).expand(2, 8)
     monkeypatch.setattr(dispatch, "SDPA_MASK_BYTES", 4 * H * 64 - 1)  # one float32 (H, 8, 8) mask, less 1
@@ -328,7 +377,7 @@ def test_a_query_that_sees_nothing_gets_zeros(cls, forcing, monkeypatch):
     assert torch.equal(out[0, :, 4], torch.zeros(H, D))
     torch.testing.assert_close(out, ref, rtol=0, atol=bound(torch.float64, 9))
     for g, r in zip(grads, ref_grads):
-        torch.testing.assert_close(g, r, rtol=0, atol=bound(torch.float64, 9) * max(1.0, float(r.abs().max())) * 2)
+        torch.testing.assert_close(g, r, rtol=0, atol=grad_bound(g, r, torch.float64, upstream, v))
     assert torch.equal(grads[0][0, :, 4], torch.zeros(H, D))
 
 
@@ -367,7 +416,8 @@ def test_return_weights_are_the_reference_weights():
     assert torch.equal(out, ref) and torch.equal(w, ref_w)
 
 
-def test_cache_shares_one_mask_between_calls():
+def test_cache_shares_one_mask_between_calls(monkeypatch):
+    monkeypatch.setattr(dispatch, "SDPA_GRAD_BIAS_PAIRS", 81)  # the float mask for these 9 x 9
     scheme = make_scheme(T5RelativeBias)
     q, k, v, *_ = build_case("self-causal", torch.float64)
     cache: dict = {}
@@ -466,9 +516,9 @@ def test_query_block_size():
 
 
 def test_path_query_blocks_rule(monkeypatch):
-    """"query-blocks": no gradient wanted, causal self-attention over consecutive 1-D
-    positions with the same start, no mask, q_len = k_len > QUERY_BLOCK, and a score hook or
-    a bias hook past SDPA_BIAS_PAIRS; none of the other paths otherwise changes."""
+    """"query-blocks": a score hook, no gradient wanted, causal self-attention over
+    consecutive 1-D positions with the same start, no mask, q_len = k_len > QUERY_BLOCK; none
+    of the other paths otherwise changes."""
     n = QB + 1
     q, k, v = shapes(lq=n, lk=n)
     shaw, xl, alibi, t5 = ShawRelative(1), TransformerXL(H, 1), ALiBi(H), T5RelativeBias(H, bidirectional=False)
@@ -494,34 +544,25 @@ def test_path_query_blocks_rule(monkeypatch):
             bad = q.clone()
             bad[0, 0, 0, 0] = float("nan")
             assert attention_path(bad, k, v, scheme, causal=True) == "reference"
-        # a bias hook: only past SDPA_BIAS_PAIRS pairs (below, the SDPA float mask is as fast)
-        assert attention_path(q, k, v, alibi, causal=True) == "sdpa-bias"
-        big = shapes(lq=513, lk=513)  # 513^2 > 512^2
-        assert attention_path(*big, alibi, causal=True) == "query-blocks"
-        assert attention_path(*big, t5, causal=True) == "query-blocks"
-        assert attention_path(*shapes(lq=513, lk=512), alibi, causal=True) == "blockwise"
-        assert attention_path(*big, alibi, causal=False) == "blockwise"
+        # a bias hook never: the block path computes the same blocks through the fused kernel
+        big = shapes(lq=513, lk=513)
+        for scheme in (alibi, t5):
+            for limit in (0, 513 * 513):
+                monkeypatch.setattr(dispatch, "SDPA_BIAS_PAIRS", limit)
+                assert attention_path(*big, scheme, causal=True) == ("sdpa-bias" if limit else "blockwise")
         # rotate or embed schemes have fused SDPA without any bias
         for scheme in (RotaryEmbedding(2), NoPE(), SinusoidalEmbedding(16)):
             assert attention_path(*big, scheme, causal=True) == "sdpa-causal"
-        monkeypatch.setattr(dispatch, "SDPA_BIAS_PAIRS", n * n)
-        assert attention_path(q, k, v, alibi, causal=True) == "sdpa-bias"
-        monkeypatch.setattr(dispatch, "SDPA_BIAS_PAIRS", n * n - 1)
-        assert attention_path(q, k, v, alibi, causal=True) == "query-blocks"
+        # a window or a chunk keeps the rule
+        assert attention_path(q, k, v, xl, causal=True, window=5) == "query-blocks"
+        assert attention_path(q, k, v, shaw, causal=True, chunk=64) == "query-blocks"
     monkeypatch.undo()
     # With grad mode on, a scheme parameter or an input that requires a gradient rules it out.
     assert attention_path(q, k, v, shaw, causal=True) == "reference"
-    assert attention_path(*big, t5, causal=True) == "blockwise"
-    assert attention_path(*big, alibi, causal=True) == "query-blocks"  # nothing needs a gradient
-    qb, kb, vb = big
-    assert attention_path(qb.clone().requires_grad_(), kb, vb, alibi, causal=True) == "blockwise"
-    assert attention_path(qb, kb, vb.clone().requires_grad_(), alibi, causal=True) == "blockwise"
     assert attention_path(q.clone().requires_grad_(), k, v, shaw.requires_grad_(False), causal=True) == "reference"
     shaw.requires_grad_(True)
     shaw.requires_grad_(False)
-    t5.requires_grad_(False)
     assert attention_path(q, k, v, shaw, causal=True) == "query-blocks"
-    assert attention_path(*big, t5, causal=True) == "query-blocks"
     assert attention_path(q, k.clone().requires_grad_(), v, shaw, causal=True) == "reference"
 
 
@@ -591,11 +632,98 @@ def test_query_blocks_match_the_reference_for_every_lab_scheme(name, length, sta
             for key, value in forcing.items():
                 monkeypatch.setattr(dispatch, key, value)
             path = attention_path(q, k, v, scheme, pos, pos, causal=True)
-            expect = "score" in hooks or ("bias" in hooks and length * length > dispatch.SDPA_BIAS_PAIRS)
-            assert (path == "query-blocks") == expect, (path, forcing)
+            assert (path == "query-blocks") == ("score" in hooks), (path, forcing)
             out = fast_attention(q, k, v, scheme, pos, pos, causal=True)
             assert out.dtype == ref.dtype and out.shape == ref.shape
             torch.testing.assert_close(out, ref, rtol=0, atol=tol, msg=lambda msg: f"{path}: {msg}")
             monkeypatch.undo()
     if "score" in hooks or "bias" in hooks:  # not vacuous: the scheme moves the output
         assert float((ref - plain).abs().max()) > 1e3 * tol
+
+
+# ----------------------------------------------------------------------------- the stored tile sizes
+
+
+def test_the_stored_measurement_has_provenance_and_ships_with_the_package():
+    """companion/data/attention_tiles.json: written by save_result (command, commit, machine),
+    flagged "quick" or not, and matched by pyproject's package-data (so the wheel has it)."""
+    import tomllib
+    from pathlib import Path
+
+    payload = companion.utils.load_result(dispatch.TILES_FILE)
+    prov, data = payload["provenance"], payload["data"]
+    assert prov["command"].startswith("python benchmarks/attention_tiles_cpu.py")
+    assert {"git_commit", "cpu_model", "torch"} <= prov.keys()
+    assert isinstance(data["quick"], bool) and ("--quick" in prov["command"]) == data["quick"]
+    assert {r["mode"] for r in data["rows"]} == set(dispatch.MODES)
+    root = Path(dispatch.__file__).resolve().parents[1]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["companion"]
+    package = root / "companion"
+    assert any(dispatch.TILES_FILE in package.glob(g) for g in globs)
+
+
+def test_the_docstring_table_is_the_stored_measurement():
+    """The table in the module docstring is tile_table()'s, regenerated from the stored file
+    (python benchmarks/attention_tiles_cpu.py --write-docstring), not typed."""
+    doc = dispatch.__doc__
+    start = doc.index(".. begin tile table\n") + len(".. begin tile table\n")
+    end = doc.index("\n.. end tile table")
+    assert doc[start:end].strip("\n") == dispatch.tile_table()
+    rows = companion.utils.load_result(dispatch.TILES_FILE)["data"]["rows"]
+    for r in rows:  # every stored row's fastest block is in the table
+        block = min(r["blocks"], key=lambda b: (r["blocks"][b], int(b)))
+        assert f"{block}: {r['blocks'][block]:.2f}" in doc
+
+
+SYNTHETIC = {"quick": True, "threads": 1, "rows": [
+    {"mode": mode, "batch": 1, "heads": bh, "head_dim": d, "length": n, "sdpa_bias": None,
+     "blocks": {"64": 1.0 + (best != 64), "128": 1.0 + (best != 128), "256": 1.0 + (best != 256)}}
+    for mode in dispatch.MODES
+    for (d, bh, n, best) in [(16, 8, 512, 64), (16, 8, 2048, 128), (64, 8, 512, 256), (16, 32, 512, 128)]]}
+
+
+def test_fused_block_size_takes_the_nearest_measured_shape(monkeypatch):
+    """Nearest head dim and batch * heads (base-2 logarithms), then the nearest length."""
+    monkeypatch.setattr(dispatch, "_tiles", lambda: SYNTHETIC)
+    for mode in dispatch.MODES:
+        assert dispatch.fused_block_size(8, 512, 16, mode) == 64  # a stored shape
+        assert dispatch.fused_block_size(10, 1000, 30, mode) == 64  # d 30 nearer 16, 10 nearer 8, 1000 nearer 512
+        assert dispatch.fused_block_size(10, 1100, 30, mode) == 128  # 1100 nearer 2048 (log scale)
+        assert dispatch.fused_block_size(8, 512, 40, mode) == 256  # d 40 nearer 64
+        assert dispatch.fused_block_size(20, 100, 16, mode) == 128  # 20 nearer 32 than 8
+    with pytest.raises(ValueError, match=r"mode must be one of \('forward', 'backward', 'bias-grad'\), got 'fwd'"):
+        dispatch.fused_block_size(8, 512, 16, "fwd")
+    monkeypatch.undo()
+    for r in companion.utils.load_result(dispatch.TILES_FILE)["data"]["rows"]:  # the real file: its own rows
+        block = min(r["blocks"], key=lambda b: (r["blocks"][b], int(b)))
+        assert dispatch.fused_block_size(r["batch"] * r["heads"], r["length"], r["head_dim"], r["mode"]) == int(block)
+
+
+def test_the_block_path_uses_the_measured_block(monkeypatch):
+    """fast_attention's "blockwise" path asks fused_block_size for its shape and mode."""
+    seen = []
+    monkeypatch.setattr(dispatch, "fused_block_size", lambda *a: seen.append(a) or 16)
+    monkeypatch.setattr(dispatch, "SDPA_BIAS_PAIRS", 0)
+    monkeypatch.setattr(dispatch, "SDPA_GRAD_BIAS_PAIRS", 0)
+    q, k, v, *_ = build_case("gqa-causal", torch.float64)
+    with torch.no_grad():
+        fast_attention(q, k, v, ALiBi(H), causal=True)
+    fast_attention(q, k, v, ALiBi(H), causal=True)
+    fast_attention(q, k, v, make_scheme(T5RelativeBias), causal=True)
+    fast_attention(q, k, v, None, causal=True, window=3)
+    assert seen == [(2 * H, 9, D, "forward", None, None), (2 * H, 9, D, "backward", None, None),
+                    (2 * H, 9, D, "bias-grad", None, None), (2 * H, 9, D, "backward", 3, None)]
+
+
+@pytest.mark.parametrize("mode", dispatch.MODES)
+def test_a_window_caps_the_block(mode, monkeypatch):
+    """A block of B queries sees up to w + B keys of a window or chunk of w: the block is the
+    measured one, at most the largest power of two <= w / 2, at least 64."""
+    monkeypatch.setattr(dispatch, "_tiles", lambda: SYNTHETIC)
+    assert dispatch.fused_block_size(8, 512, 64, mode) == 256
+    for w, want in ((10**6, 256), (512, 256), (511, 128), (300, 128), (256, 128), (255, 64), (128, 64), (1, 64)):
+        assert dispatch.fused_block_size(8, 512, 64, mode, window=w) == want
+        assert dispatch.fused_block_size(8, 512, 64, mode, chunk=w) == want
+        assert dispatch.fused_block_size(8, 512, 64, mode, window=w, chunk=10**6) == want
+    with pytest.raises(ValueError, match="window must be >= 1, got 0"):
+        dispatch.fused_block_size(8, 512, 64, mode, window=0)
