@@ -33,7 +33,7 @@ from .absolute import (
 )
 from .alibi import ALiBi, alibi_bias, alibi_slopes
 from .attention import HOOKS, NoPE, PositionScheme, attention, causal_mask
-from .blockwise import bias_attention
+from .blockwise import bias_attention, fused_bias_attention
 from .cope import CoPE
 from .dispatch import attention_path, fast_attention
 from .learned_bias import FIRE, KerpleBias
@@ -143,6 +143,7 @@ __all__ = [
     "convert_layout",
     "convert_qk_weight",
     "fast_attention",
+    "fused_bias_attention",
     "grid_positions",
     "grid_rope_angles",
     "layout_permutation",

@@ -67,13 +67,9 @@ def _block_sizes(block_size: object) -> tuple[int, int]:
 
 def _is_relative(bias_fn: object) -> bool:
     """Whether ``bias_fn``'s bias depends only on ``k_pos - q_pos``: the function, or the
-    module it is a bound method of, has ``relative_bias = True``, or it is an
-    :class:`~companion.alibi.ALiBi`'s (both of whose forms are functions of ``k_pos - q_pos``)."""
-    from .alibi import ALiBi  # alibi re-exports this module's bias_attention
-
+    module it is a bound method of, has ``relative_bias = True`` (ALiBi, T5, KERPLE)."""
     owner = getattr(bias_fn, "__self__", bias_fn)
-    return bool(getattr(bias_fn, "relative_bias", False) or getattr(owner, "relative_bias", False)
-                or isinstance(owner, ALiBi))
+    return bool(getattr(bias_fn, "relative_bias", False) or getattr(owner, "relative_bias", False))
 
 
 def _bias_parameters(bias_fn: object) -> list[Tensor]:

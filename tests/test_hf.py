@@ -28,7 +28,7 @@ import companion.hf as chf  # noqa: E402
 from companion import ALiBi, KerpleBias, RotaryEmbedding, T5RelativeBias  # noqa: E402
 from companion import pretrained as pt  # noqa: E402
 from companion.attention import attention  # noqa: E402
-from companion.dispatch import attention_path  # noqa: E402
+from companion.dispatch import SDPA_BIAS_PAIRS, attention_path  # noqa: E402
 from helpers import attention_out_bound  # noqa: E402
 from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.masking_utils import AttentionMaskInterface  # noqa: E402
@@ -388,13 +388,13 @@ def test_bias_schemes_against_transformers_given_the_bias_as_a_mask(name, length
     assert 0 < d32 < 1e-4
     assert (ours.double() - exact)[keep].abs().max().item() <= 2 * d32
     # the path the attention takes: SDPA with the bias as a mask at short lengths, the
-    # blockwise one past SDPA_BIAS_PAIRS (512 ** 2) pairs
+    # blockwise one past companion.dispatch.SDPA_BIAS_PAIRS pairs
     q = torch.zeros(len(pads), HEADS, length, HEAD_DIM)
     kv = torch.zeros(len(pads), KV_HEADS, length, HEAD_DIM)
     m = mask.bool()[:, None, None, :] & (idx[None, :] <= idx[:, None])
     with torch.no_grad():
         path = attention_path(q, kv, kv, scheme, attn_mask=m)
-    assert path == ("blockwise" if length > 512 else "sdpa-bias")
+    assert path == ("blockwise" if length * length > SDPA_BIAS_PAIRS else "sdpa-bias")
     # not vacuous: without the scheme the model is another function
     model.set_attn_implementation(chf.ATTENTION_NAME)
     chf.use_scheme(model, None)

@@ -2,12 +2,15 @@
 
     python tools/nb.py execute chapters/01_why_position.ipynb [more.ipynb ...]
     python tools/nb.py from-md draft.md chapters/05_rope.ipynb [--execute]
+    python tools/nb.py to-md chapters/05_rope.ipynb draft.md
 
 ``execute`` runs each notebook top to bottom in its own folder with the current Python's
 kernel, stores the outputs (which the site renders and nbval checks) and prints the wall time.
 ``from-md`` converts a MyST-NB text notebook, where code cells are fenced as
 ```` ```{code-cell} ipython3 ```` blocks and everything else is markdown, into ``.ipynb``.
 Cell metadata lines such as ``:tags: [hide-input]`` directly after the fence are honoured.
+``to-md`` writes a notebook's sources back in that form (outputs are dropped), for editing a
+chapter as text.
 """
 
 from __future__ import annotations
@@ -56,6 +59,19 @@ def from_md(text: str) -> nbformat.NotebookNode:
     return nb
 
 
+def to_md(nb: nbformat.NotebookNode) -> str:
+    """The MyST-NB text of a notebook's cells (``from_md``'s inverse, outputs dropped)."""
+    parts = []
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            meta = "".join(f":{k}: [{', '.join(v)}]\n" if isinstance(v, list) else f":{k}: {v}\n"
+                           for k, v in cell.metadata.items() if k == "tags")
+            parts.append(f"```{{code-cell}} ipython3\n{meta}{chr(10) if meta else ''}{cell.source}\n```")
+        else:
+            parts.append(cell.source)
+    return "\n\n".join(parts) + "\n"
+
+
 def execute(path: Path, timeout: int = 900) -> float:
     """Execute ``path`` in place; return the wall time in seconds."""
     nb = nbformat.read(path, as_version=4)
@@ -82,7 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     fm.add_argument("source", type=Path)
     fm.add_argument("target", type=Path)
     fm.add_argument("--execute", action="store_true")
+    tm = sub.add_parser("to-md", help="write a notebook's sources as MyST text")
+    tm.add_argument("source", type=Path)
+    tm.add_argument("target", type=Path)
     args = ap.parse_args(argv)
+    if args.cmd == "to-md":
+        args.target.write_text(to_md(nbformat.read(args.source, as_version=4)))
+        print(f"wrote {args.target}")
+        return 0
     if args.cmd == "from-md":
         nbformat.write(from_md(args.source.read_text()), args.target)
         print(f"wrote {args.target}")
