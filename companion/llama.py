@@ -264,6 +264,25 @@ class KVCache:
         """Number of cached positions (0 when empty)."""
         return self._filled[-1]
 
+    def truncate(self, length: int) -> None:
+        """Forget every position from ``length`` on, in every layer: the next token then sits
+        at position ``length``.
+
+        A rollback for scoring several continuations of one prompt (the passkey measure of
+        :mod:`companion.passkey` scores each candidate answer after the same cached prompt):
+        the buffers keep their capacity and the next :meth:`update` overwrites the forgotten
+        positions, so views returned before the call must not be used after it.
+
+        Raises:
+            TypeError: ``length`` not an int.
+            ValueError: ``length`` outside ``[0, self.length]`` (a cache cannot grow by
+                truncation).
+        """
+        length = check_positive_int(length, "length", minimum=0)
+        if length > self.length:
+            raise ValueError(f"length must lie in [0, {self.length}] (the cached positions), got {length}")
+        self._filled = [min(n, length) for n in self._filled]
+
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append ``k``, ``v`` for ``layer`` and return all keys and values of that layer.
 

@@ -51,6 +51,12 @@ ReRoPE ``w = 4096`` reaches 4096; Leaky ReRoPE ``w = 4096, k = 4`` reaches
 cache's positions at ``0 .. 4 + 7168 + 512 - 1 = 7683``. In those rows the ``rope_config``
 column holds the method's parameters (:func:`trainfree_config`) and ``seconds`` the wall time
 of the pass, as for the scaling methods.
+
+**The second edition's measures** (issue 28) are the subcommands ``docs``, ``context`` and
+``retrieval`` (:mod:`companion.longctx_runs`): single long documents
+(:mod:`companion.longctx_docs`), the value of the context beyond the native window on the same
+tokens, and passkey retrieval scored by log-probability in the classic and the chat format
+(:mod:`companion.passkey`), on SmolLM2-135M or Gemma 3 270M, resumable with ``--cache``.
 """
 
 from __future__ import annotations
@@ -283,14 +289,16 @@ def window(stream: Sequence[int], index: int, length: int) -> Tensor:
     return torch.tensor([list(stream[index * length:(index + 1) * length])], dtype=torch.int64)
 
 
-def _bucket_rows(nll: Tensor, bucket: int) -> list[tuple[int, int, float, int]]:
+def _bucket_rows(nll: Tensor, bucket: int, first: int = 1) -> list[tuple[int, int, float, int]]:
     """``(start, end, nll_sum, count)`` over target positions ``[start, end)``; ``nll[i]`` is
-    the loss of target position ``i + 1``. Sums are in float64."""
-    n = nll.numel() + 1
+    the loss of target position ``i + first``. Buckets start at the multiples of ``bucket``:
+    from 0 for a whole pass (``first = 1``; position 0 has no target, so the first bucket
+    counts ``bucket - 1``), else from ``first`` rounded down to one. Sums are in float64."""
+    n = nll.numel() + first
     out = []
-    for start in range(0, n, bucket):
+    for start in range(0 if first == 1 else first // bucket * bucket, n, bucket):
         end = min(start + bucket, n)
-        part = nll[max(start - 1, 0):end - 1].double()  # targets max(start, 1) .. end - 1
+        part = nll[max(start - first, 0):end - first].double()  # targets max(start, first) .. end - 1
         out.append((start, end, float(part.sum()), int(part.numel())))
     return out
 
@@ -444,33 +452,14 @@ def passkey_prompt(
     assistant's turn starts with ``"The pass key is"``. The number of filler repetitions is
     the largest that keeps the prompt within ``n_tokens``.
     """
-    from .llama import render_chat
+    from .passkey import _fit, prompt_text
 
     n_tokens = check_positive_int(n_tokens, "n_tokens")
     depth = check_finite_number(depth, "depth", positive=False)
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must lie in [0, 1], got {depth}")
     key = check_positive_int(key, "key")
-
-    def build(units: int) -> list[int]:
-        before = int(round(units * depth))
-        user = ("There is an important pass key hidden inside a lot of irrelevant text. Find it and "
-                "memorize it. I will quiz you about the pass key.\n" + FILLER * before
-                + f"The pass key is {key}. Remember it. {key} is the pass key. " + FILLER * (units - before)
-                + "\nWhat is the pass key?")
-        text = render_chat(template, [{"role": "user", "content": user}]) + "The pass key is"
-        return tokenizer.encode(text).ids
-
-    empty = len(build(0))
-    per_unit = len(tokenizer.encode(FILLER * 64).ids) / 64
-    if empty > n_tokens:
-        raise ValueError(f"n_tokens must be at least {empty} (the prompt without filler), got {n_tokens}")
-    units = int((n_tokens - empty) / per_unit)
-    ids = build(units)
-    while len(ids) > n_tokens and units > 0:
-        units -= 1
-        ids = build(units)
-    return ids
+    return _fit(tokenizer, lambda units: prompt_text("chat", units, depth, key, template), n_tokens, 0, "n_tokens")[0]
 
 
 def passkey_trial(model: Any, tokenizer: Any, ids: Sequence[int], key: int, max_new_tokens: int = 8) -> tuple[str, bool]:
@@ -545,7 +534,13 @@ def _check_ppl_args(args: argparse.Namespace) -> None:
     if args.length % (2 * args.bucket):
         raise ValueError(f"--length must be a multiple of 2 * --bucket = {2 * args.bucket}, so that the halves "
                          f"fall on bucket edges; got --length {args.length}")
-    flags = _trainfree_flags(args)  # every method's flags, chosen or not: a bad value never passes
+    _check_trainfree_args(args)
+
+
+def _check_trainfree_args(args: argparse.Namespace) -> None:
+    """The training-free methods' flags (:func:`_add_trainfree_flags`), every method's, chosen or
+    not: a bad value never passes (``ValueError``/``TypeError`` naming the flag)."""
+    flags = _trainfree_flags(args)
     for method, names in _CONFIG_KEYS.items():
         _build_config(method, {key: flags[name] for key, name in names.items()},
                       {key: _flag(name) for key, name in names.items()})
@@ -662,6 +657,25 @@ def _cmd_passkey(args: argparse.Namespace, command: str, error: Any) -> int:
     return 0
 
 
+def _add_trainfree_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of the training-free methods' parameters (:data:`TRAINFREE_DEFAULTS`)."""
+    d = TRAINFREE_DEFAULTS
+    p.add_argument("--rerope-window", type=int, default=d["rerope_window"],
+                   help=f"ReRoPE / Leaky ReRoPE neighbour window w (default: {d['rerope_window']})")
+    p.add_argument("--leak", type=float, default=d["leak"], help=f"Leaky ReRoPE's factor k > 1 (default: {d['leak']})")
+    p.add_argument("--se-window", type=int, default=d["se_window"],
+                   help=f"Self-Extend neighbour window w (default: {d['se_window']})")
+    p.add_argument("--se-group", type=int, default=d["se_group"], help=f"Self-Extend group size G (default: {d['se_group']})")
+    p.add_argument("--sinks", type=int, default=d["sinks"],
+                   help=f"attention sinks kept, 0 = a plain sliding window (default: {d['sinks']})")
+    p.add_argument("--sink-window", type=int, default=d["sink_window"],
+                   help=f"recent tokens kept with the sinks (default: {d['sink_window']})")
+    p.add_argument("--chunk", type=int, default=d["chunk"], help=f"tokens per step of the sink stream (default: {d['chunk']})")
+    p.add_argument("--no-rerotate", action="store_true",
+                   help="sinks: keep keys at their absolute positions, no rotation inside the cache "
+                        "(default: rotate them to their cache positions)")
+
+
 def _add_run_flags(parser: argparse.ArgumentParser, preset: dict[str, Any]) -> None:
     """``--quick`` (the ``preset``) and ``--quiet``."""
     parser.add_argument("--quick", action="store_true",
@@ -671,7 +685,7 @@ def _add_run_flags(parser: argparse.ArgumentParser, preset: dict[str, Any]) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m companion.longctx ppl|passkey``: run the chapter-10 experiments (SmolLM2-135M).
+    """``python -m companion.longctx ppl|passkey|docs|context|retrieval``: run the chapter-10 experiments.
 
     Every flag is checked before the model, the tokenizer or the corpus is loaded, and the two
     checks that need them (enough stream for ``--windows``, room for the prompt in each of
@@ -689,21 +703,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="scaling methods and/or training-free ones (default: every scaling method)")
     p.add_argument("--factor", type=float, default=2.0, help="scaling factor s >= 1 of the scaling methods (default: 2)")
     p.add_argument("--bucket", type=int, default=256, help="tokens per stored loss bucket (default: 256)")
-    d = TRAINFREE_DEFAULTS
-    p.add_argument("--rerope-window", type=int, default=d["rerope_window"],
-                   help=f"ReRoPE / Leaky ReRoPE neighbour window w (default: {d['rerope_window']})")
-    p.add_argument("--leak", type=float, default=d["leak"], help=f"Leaky ReRoPE's factor k > 1 (default: {d['leak']})")
-    p.add_argument("--se-window", type=int, default=d["se_window"],
-                   help=f"Self-Extend neighbour window w (default: {d['se_window']})")
-    p.add_argument("--se-group", type=int, default=d["se_group"], help=f"Self-Extend group size G (default: {d['se_group']})")
-    p.add_argument("--sinks", type=int, default=d["sinks"],
-                   help=f"attention sinks kept, 0 = a plain sliding window (default: {d['sinks']})")
-    p.add_argument("--sink-window", type=int, default=d["sink_window"],
-                   help=f"recent tokens kept with the sinks (default: {d['sink_window']})")
-    p.add_argument("--chunk", type=int, default=d["chunk"], help=f"tokens per step of the sink stream (default: {d['chunk']})")
-    p.add_argument("--no-rerotate", action="store_true",
-                   help="sinks: keep keys at their absolute positions, no rotation inside the cache "
-                        "(default: rotate them to their cache positions)")
+    _add_trainfree_flags(p)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     p.add_argument("--out", required=True, help="CSV file of the bucketed losses, with provenance (required)")
     p.add_argument("--json", default=None,
@@ -723,11 +723,14 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     k.add_argument("--out", required=True, help="CSV file of the trials, with provenance (required)")
     _add_run_flags(k, QUICK_PASSKEY)
+    from .longctx_runs import add_commands  # the second edition's measures (documents, context, retrieval)
+
+    commands = {"ppl": (p, _check_ppl_args, _cmd_ppl, QUICK_PPL), "passkey": (k, _check_passkey_args, _cmd_passkey,
+                                                                               QUICK_PASSKEY), **add_commands(sub)}
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
-    command_parser, check, run = (p, _check_ppl_args, _cmd_ppl) if args.cmd == "ppl" else (
-        k, _check_passkey_args, _cmd_passkey)
-    args = apply_quick(parser, command_parser, argv, args, QUICK_PPL if args.cmd == "ppl" else QUICK_PASSKEY)
+    command_parser, check, run, preset = commands[args.cmd]
+    args = apply_quick(parser, command_parser, argv, args, preset)
     try:  # every flag before any work: a bad one is a usage error (exit status 2), not a traceback
         check(args)
     except (TypeError, ValueError) as exc:

@@ -26,6 +26,10 @@ EXPERIMENT_DRIVERS = {
     # chapter 10's experiment (the ``python -m companion.longctx`` command), not a method: it
     # reads the lab's corpus (token_stream) and chapter 9's scaling configs (method_config)
     "companion.longctx": "experiment driver",
+    # chapter 10's second edition (issue 28): the document set reads the lab corpus's files and
+    # split; the measures' intervals are the lab's bootstrap (companion.lab.stats)
+    "companion.longctx_docs": "experiment driver",
+    "companion.passkey": "experiment driver",
 }
 
 

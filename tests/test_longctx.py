@@ -917,8 +917,12 @@ def _parsed(monkeypatch, argv):
         seen.update(vars(args), command=command)
         return 0
 
+    from companion import longctx_runs
+
     monkeypatch.setattr(longctx, "_cmd_ppl", capture)
     monkeypatch.setattr(longctx, "_cmd_passkey", capture)
+    monkeypatch.setattr(longctx_runs, "_cmd_context", capture)  # the second edition's commands
+    monkeypatch.setattr(longctx_runs, "_cmd_retrieval", capture)
     assert longctx.main(argv) == 0
     return seen
 
