@@ -991,6 +991,85 @@ def dtype_cases() -> None:
     bad("dtypes", "transformer_xl_score q float64, k float32", lambda: companion.transformer_xl_score(rand(1, 2, 3, 4).double(), rand(1, 2, 3, 4), torch.zeros(2, 3, 4), torch.zeros(2, 4), torch.zeros(2, 4)), ("q", "k"))
 
 
+def t5_ref_bias_attention(q, k, v, t5):
+    """Causal attention with T5's bias, float64, from the naive reference."""
+    return ref_attention(q, k, v, bias=t5_ref_bias(t5.table, t5.bidirectional, t5.num_buckets, t5.max_distance),
+                         causal=True)
+
+
+def local_attention_cases() -> None:
+    """Sliding windows and chunks (issue 27) on every attention entry point, the fused block
+    path (issue 30) and its measured block sizes."""
+    from companion import dispatch
+    from companion.blockwise import fused_bias_attention as FB
+
+    q, k, v = qkv(b=2, h=4, lq=9, lk=9, d=8)
+    A, B = companion.attention, companion.bias_attention
+    entries = {"attention": lambda **kw: A(q, k, v, ALiBi(4), **kw),
+               "fast_attention": lambda **kw: companion.fast_attention(q, k, v, ALiBi(4), **kw),
+               "attention_path": lambda **kw: companion.attention_path(q, k, v, ALiBi(4), **kw),
+               "bias_attention": lambda **kw: B(q, k, v, ALiBi(4), block_size=2, **kw),
+               "fused_bias_attention": lambda **kw: FB(q, k, v, ALiBi(4), block_size=2, **kw)}
+    values = {"0": 0, "-1": -1, "float": 4.0, "str": "4", "bool": True, "huge": HUGE, "nan": NAN,
+              "np.float64": np.float64(3.0), "tensor": torch.tensor(3)}
+    for ename, fn in entries.items():
+        for arg in ("window", "chunk"):
+            for vname, value in values.items():
+                bad("local", f"{ename} {arg}={vname}", lambda fn=fn, arg=arg, value=value: fn(causal=True, **{arg: value}), arg)
+            bad("local", f"{ename} {arg}=3 without causal", lambda fn=fn, arg=arg: fn(**{arg: 3}), (arg, "causal"))
+    pos = torch.arange(9)
+
+    def rule(window=None, chunk=None, q_pos=pos, k_pos=pos):
+        i, j = q_pos[:, None], k_pos[None, :]
+        ok = j <= i
+        if window is not None:
+            ok &= j > i - window
+        if chunk is not None:
+            ok &= j // chunk == i // chunk
+        return ok[None, None]
+
+    for ename, fn in entries.items():
+        if ename == "attention_path":
+            continue
+        for kw in ({"window": 1}, {"window": 3}, {"window": 50}, {"chunk": 1}, {"chunk": 4}, {"window": 3, "chunk": 4}):
+            good("local", f"{ename} {kw}", lambda fn=fn, kw=kw: fn(causal=True, **kw),
+                 lambda kw=kw: ref_attention(q, k, v, bias=alibi_ref_bias(4), allowed=rule(**kw), causal=True))
+    kp = torch.arange(20, 29)
+    good("local", "fast_attention window 4, decode positions", lambda: companion.fast_attention(q[:, :, -2:], k, v, ALiBi(4), kp[-2:], kp, causal=True, window=4),
+         lambda: ref_attention(q[:, :, -2:], k, v, bias=alibi_ref_bias(4), allowed=rule(4, None, kp[-2:], kp), causal=True, q_pos=kp[-2:], k_pos=kp))
+    good("local", "fused_bias_attention no bias, window 2", lambda: FB(q, k, v, None, causal=True, window=2, block_size=(2, 4)),
+         lambda: ref_attention(q, k, v, allowed=rule(2), causal=True))
+    t5 = T5RelativeBias(4)
+    good("local", "fused_bias_attention T5, block (3, 3)", lambda: FB(q, k, v, t5, causal=True, block_size=(3, 3)),
+         lambda: t5_ref_bias_attention(q, k, v, t5))
+    # the fused path's block_size and the measured sizes
+    for vname, value in {"0": 0, "bool": True, "float": 2.5, "str": "2", "(2, 2, 2)": (2, 2, 2), "(0, 2)": (0, 2),
+                         "(2, -1)": (2, -1), "(None, 2)": (None, 2), "huge": HUGE}.items():
+        bad("local", f"fused_bias_attention block_size={vname}", lambda value=value: FB(q, k, v, ALiBi(4), block_size=value), "block_size")
+    good("local", "fused_bias_attention block_size (2, None)", lambda: FB(q, k, v, ALiBi(4), causal=True, block_size=(2, None)),
+         lambda: ref_attention(q, k, v, bias=alibi_ref_bias(4), causal=True))
+    good("local", "fused_bias_attention block_size None (measured)", lambda: FB(q, k, v, ALiBi(4), causal=True),
+         lambda: ref_attention(q, k, v, bias=alibi_ref_bias(4), causal=True))
+    for fname, fn in (("fused_block_size", lambda bh=8, n=100, d=16: dispatch.fused_block_size(bh, n, d)),
+                      ("block_size_for", lambda bh=8, n=100, d=None: dispatch.block_size_for(bh, n))):
+        for arg, key in (("batch_heads", "bh"), ("length", "n"), ("head_dim", "d")):
+            if fname == "block_size_for" and arg == "head_dim":
+                continue
+            for vname, value in {"0": 0, "-3": -3, "float": 8.0, "None": None, "bool": True}.items():
+                bad("local", f"{fname} {arg}={vname}", lambda fn=fn, key=key, value=value: fn(**{key: value}), arg)
+    for vname, value in {"'fwd'": "fwd", "None": None, "1": 1}.items():
+        bad("local", f"fused_block_size mode={vname}", lambda value=value: dispatch.fused_block_size(8, 100, 16, value), "mode")
+    for arg in ("window", "chunk"):
+        for vname, value in {"0": 0, "bool": True, "float": 8.0, "str": "8"}.items():
+            bad("local", f"fused_block_size {arg}={vname}",
+                lambda arg=arg, value=value: dispatch.fused_block_size(8, 100, 16, "forward", **{arg: value}), arg)
+    good("local", "fused_block_size window 200 caps the block", lambda: dispatch.fused_block_size(8, 8192, 64, "forward", 200) <= 100,
+         lambda: True)
+    good("local", "fused_block_size is a stored block", lambda: dispatch.fused_block_size(7, 3000, 20, "bias-grad") in
+         {int(b) for r in companion.utils.load_result(dispatch.TILES_FILE)["data"]["rows"] for b in r["blocks"]}, lambda: True)
+    bad("local", "tile_table data without rows", lambda: dispatch.tile_table({"quick": True}), "rows")
+
+
 def flag_and_layout_cases() -> None:
     q, k, v = qkv(b=1, h=2, lq=4, lk=4, d=16)
     A, B, F = companion.attention, companion.bias_attention, kernels.flash_attention_with_bias
@@ -1329,6 +1408,14 @@ def pretrained_cases() -> None:
     bad("files", "fetch no_index='yes'", lambda: pretrained.fetch(TMP / "fc2", no_index="yes", find_links=str(empty_links)), "no_index")
     bad("files", "fetch cache an int", lambda: pretrained.fetch(5, **fetch_kw), "cache")
     bad("files", "fetch expected_sha256 an int", lambda: pretrained.fetch(TMP / "fc3", expected_sha256=5, **fetch_kw), "expected_sha256")
+    # progress (issue 31): a callable taking a string, or None; checked before anything is fetched
+    said: list[str] = []
+    good("files", "fetch with a cached file reports it", lambda: (pretrained.fetch(cache, progress=said.append, **fetch_kw), said[-1]),
+         lambda: (target, f"{target.name}: already cached, 6 bytes (0.0 MiB) at {target}"))
+    for fname, fn in (("fetch", pretrained.fetch), ("fetch_smollm2", pretrained.fetch_smollm2), ("fetch_gemma3", pretrained.fetch_gemma3)):
+        for value in ("print", 5, True):
+            bad("files", f"{fname} progress={value!r}", lambda fn=fn, value=value: fn(TMP / "fc4", progress=value, **fetch_kw), "progress",
+                want=TypeError)
 
     def cli(argv):
         err = io.StringIO()
@@ -2540,6 +2627,59 @@ def llama_cases() -> None:
     bad("llama", "gguf_tokenizer an unknown pre-tokenizer", lambda: GT({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "weird", "tokenizer.ggml.tokens": ["a"],
                                                                          "tokenizer.ggml.merges": []}), "weird")
     bad("llama", "gguf_tokenizer duplicate tokens", lambda: GT({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "a"], "tokenizer.ggml.merges": []}), "token")
+    llama_chat_cases()
+
+
+def llama_chat_cases() -> None:
+    """generate_chat, stream_chat, LlamaModel.generate_steps and LlamaConfig's repr (issue 31)."""
+    import dataclasses
+
+    from companion import llama as LL
+
+    tok = _ByteTokenizer()
+    tmpl = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    msgs = [{"role": "user", "content": "hello"}]
+    model = tiny_llama()
+    plain = tiny_llama()  # no chat template in its config
+
+    def by_hand(max_new=5):  # render_chat + generate + decode, the helpers' reference
+        ids = torch.tensor([tok.encode(LL.render_chat(tmpl, msgs)).ids])
+        return tok.decode(model.generate(ids, max_new)[0, ids.shape[1]:].tolist())
+
+    good("llama", "generate_chat greedy is render_chat + generate + decode", lambda: LL.generate_chat(model, tok, msgs, 5, template=tmpl), by_hand)
+    good("llama", "stream_chat pieces concatenate to generate_chat", lambda: "".join(LL.stream_chat(model, tok, msgs, 5, template=tmpl)), by_hand)
+    good("llama", "generate_chat max_new_tokens 0 is empty", lambda: LL.generate_chat(model, tok, msgs, 0, template=tmpl), lambda: "")
+    good("llama", "generate_chat sampling with a seeded generator", lambda: LL.generate_chat(
+        model, tok, msgs, 4, temperature=0.9, generator=torch.Generator().manual_seed(5), template=tmpl),
+        lambda: "".join(LL.stream_chat(model, tok, msgs, 4, temperature=0.9, generator=torch.Generator().manual_seed(5), template=tmpl)))
+    for cname, chat in (("generate_chat", LL.generate_chat), ("stream_chat", LL.stream_chat)):
+        for vname, call, arg, wants in (
+                ("temperature -1", lambda chat=chat: chat(model, tok, msgs, 2, temperature=-1.0, template=tmpl), "temperature", ValueError),
+                ("temperature nan", lambda chat=chat: chat(model, tok, msgs, 2, temperature=NAN, template=tmpl), "temperature", ValueError),
+                ("temperature inf", lambda chat=chat: chat(model, tok, msgs, 2, temperature=INF, template=tmpl), "temperature", ValueError),
+                ("temperature '0.5'", lambda chat=chat: chat(model, tok, msgs, 2, temperature="0.5", template=tmpl), "temperature", TypeError),
+                ("temperature True", lambda chat=chat: chat(model, tok, msgs, 2, temperature=True, template=tmpl), "temperature", TypeError),
+                ("max_new_tokens -1", lambda chat=chat: chat(model, tok, msgs, -1, template=tmpl), "max_new_tokens", ValueError),
+                ("max_new_tokens 1.5", lambda chat=chat: chat(model, tok, msgs, 1.5, template=tmpl), "max_new_tokens", TypeError),
+                ("model a string", lambda chat=chat: chat("model", tok, msgs, 2, template=tmpl), "model", TypeError),
+                ("model a TinyDecoder", lambda chat=chat: chat(tiny_rope_decoder(), tok, msgs, 2, template=tmpl), "model", TypeError),
+                ("tokenizer None", lambda chat=chat: chat(model, None, msgs, 2, template=tmpl), "tokenizer", TypeError),
+                ("no template in the config", lambda chat=chat: chat(plain, tok, msgs, 2), "template", ValueError),
+                ("template 5", lambda chat=chat: chat(model, tok, msgs, 2, template=5), "template", TypeError),
+                ("messages []", lambda chat=chat: chat(model, tok, [], 2, template=tmpl), "messages", ValueError),
+                ("messages a string", lambda chat=chat: chat(model, tok, "hello", 2, template=tmpl), "messages", TypeError)):
+            bad("llama", f"{cname} {vname}", call, arg, want=wants)
+    ids = torch.tensor([[1, 2, 3]])
+    good("llama", "generate_steps are generate's new tokens", lambda: torch.stack(list(model.generate_steps(ids, 4, stop_at_eos=False)), 1),
+         lambda: model.generate(ids, 4, stop_at_eos=False)[:, 3:])
+    for vname, kw, arg, wants in (("max_new_tokens -1", {"max_new_tokens": -1}, "max_new_tokens", ValueError),
+                                  ("temperature 0", {"max_new_tokens": 2, "temperature": 0.0}, "temperature", ValueError),
+                                  ("greedy 'yes'", {"max_new_tokens": 2, "greedy": "yes"}, "greedy", TypeError)):
+        bad("llama", f"generate_steps {vname}", lambda kw=kw: model.generate_steps(ids, **kw), arg, want=wants)
+    bad("llama", "generate_steps ids of floats", lambda: model.generate_steps(ids.float(), 2), "ids", want=TypeError)
+    config = dataclasses.replace(model.config, chat_template=tmpl * 50)
+    good("llama", "LlamaConfig repr shortens the chat template",
+         lambda: repr(config), lambda: repr(model.config).replace("chat_template=None", f"chat_template=<{len(tmpl) * 50} characters of Jinja2>"))
 
 
 def _in_mode(model, mode, fn):
@@ -2652,6 +2792,157 @@ def longctx_cases() -> None:
     bad("longctx", "token_stream root a missing folder", lambda: LX.token_stream(tok, str(TMP / "no-such-root")), ("root", "no-such-root"))
 
 
+def longctx_measure_cases() -> None:
+    """Chapter 10's second edition: companion.longctx_docs, companion.passkey, KVCache.truncate."""
+    from companion import longctx_docs as LD
+    from companion import passkey as PK
+    from companion.gemma import GemmaConfig, GemmaModel
+    from companion.llama import KVCache
+
+    model = tiny_llama()
+    ids = torch.randint(0, 32, (1, 24), generator=torch.Generator().manual_seed(0))
+    tok = _ByteTokenizer()
+    root = TMP / "ld-root"
+    (root / "pkg").mkdir(parents=True, exist_ok=True)
+    (root / "a.py").write_text("x = 1\n" * 20)
+    (root / "pkg" / "b.py").write_text("y = 2\n" * 5)
+    LDD = LD.long_documents
+    good("longctx_docs", "long_documents keeps the files of at least min_tokens, longest first",
+         lambda: [(d.path, d.tokens) for d in LDD(tok, 30, split="all", root=root)], lambda: [("a.py", 120), ("pkg/b.py", 30)])
+    for vname, fn, arg in (("tokenizer object()", lambda: LDD(object(), 30, root=root), "tokenizer"),
+                           ("min_tokens 1", lambda: LDD(tok, 1, root=root), "min_tokens"),
+                           ("min_tokens '30'", lambda: LDD(tok, "30", root=root), "min_tokens"),
+                           ("split 'test'", lambda: LDD(tok, 30, split="test", root=root), "split"),
+                           ("val_fraction 1.5", lambda: LDD(tok, 30, root=root, val_fraction=1.5), "val_fraction"),
+                           ("root a missing folder", lambda: LDD(tok, 30, root=TMP / "no-such-root"), "root"),
+                           ("exclude a str", lambda: LDD(tok, 30, root=root, exclude="pkg/*"), "exclude")):
+        bad("longctx_docs", f"long_documents {vname}", fn, arg)
+    doc = LD.Document("a.py", "val", 120, tuple(int(i) for i in ids[0]) * 3)
+    good("longctx_docs", "Document.head", lambda: doc.head(5), lambda: ids[:, :5])
+    good("longctx_docs", "documents_record lists the records", lambda: LD.documents_record([doc], min_tokens=2, split="val", tokenizer="b")["documents"],
+         lambda: [doc.record()])
+    bad("longctx_docs", "Document.head past the end", lambda: doc.head(73), "length")
+    bad("longctx_docs", "Document.head 1", lambda: doc.head(1), "length")
+    TN, SN, MN = LD.tail_nll, LD.sliding_nll, LD.method_nll
+    good("longctx_docs", "tail_nll is token_nll's tail", lambda: TN(model, ids, 5), lambda: model.token_nll(ids)[0, 4:])
+    good("longctx_docs", "tail_nll chunked", lambda: TN(model, ids, 5, chunk=7), lambda: model.token_nll(ids)[0, 4:])
+    for vname, fn, arg in (("first 0", lambda: TN(model, ids, 0), "first"), ("first 24", lambda: TN(model, ids, 24), "first"),
+                           ("chunk 0", lambda: TN(model, ids, 1, chunk=0), "chunk"), ("ids 1-D", lambda: TN(model, ids[0], 1), "ids"),
+                           ("ids float", lambda: TN(model, ids.float(), 1), "ids")):
+        bad("longctx_docs", f"tail_nll {vname}", fn, arg)
+    good("longctx_docs", "sliding_nll block 1 is the exact window",
+         lambda: SN(model, ids, 8, 24, 8, 1), lambda: torch.stack([model.token_nll(ids[:, t - 7:t + 1])[0, -1] for t in range(8, 24)]))
+    for vname, fn, arg in (("block = context", lambda: SN(model, ids, 8, 24, 8, 8), "block"),
+                           ("lo = hi", lambda: SN(model, ids, 8, 8, 8, 2), "lo"), ("hi past ids", lambda: SN(model, ids, 8, 25, 8, 2), "hi"),
+                           ("context 1", lambda: SN(model, ids, 8, 24, 1, 1), "context"), ("block 2.0", lambda: SN(model, ids, 8, 24, 8, 2.0), "block")):
+        bad("longctx_docs", f"sliding_nll {vname}", fn, arg)
+    good("longctx_docs", "method_nll none is the plain pass", lambda: MN(model, ids, "none")[0], lambda: model.token_nll(ids)[0])
+    for vname, fn, arg in (("method 'bogus'", lambda: MN(model, ids, "bogus"), "method"), ("first 24", lambda: MN(model, ids, "none", first=24), "first"),
+                           ("factor 0.5", lambda: MN(model, ids, "pi", factor=0.5), "factor"),
+                           ("trainfree leak 1", lambda: MN(model, ids, "leaky_rerope", trainfree={"leak": 1.0}), "leak")):
+        bad("longctx_docs", f"method_nll {vname}", fn, arg)
+
+    def applied(m, *a, **k):
+        with LD.applied_method(m, *a, **k) as config:
+            return config
+
+    gcfg = GemmaConfig(vocab_size=32, dim=16, n_layers=2, n_heads=2, n_kv_heads=1, hidden_dim=16, head_dim=8, norm_eps=1e-6,
+                       context_length=16, sliding_window=4, sliding_window_pattern=2)
+    gemma = GemmaModel(gcfg).eval()
+    good("longctx_docs", "applied_method on Gemma drops rope_theta", lambda: applied(gemma, "pi"), lambda: {"rope_type": "linear", "factor": 2.0})
+    for vname, fn, arg in (("model object()", lambda: applied(object(), "pi"), "model"), ("method 'bogus'", lambda: applied(model, "bogus"), "method"),
+                           ("rope_layers 'all' on Llama", lambda: applied(model, "pi", rope_layers="all"), "rope_layers"),
+                           ("rope_layers 'local'", lambda: applied(gemma, "pi", rope_layers="local"), "rope_layers"),
+                           ("rerope on Gemma", lambda: applied(gemma, "rerope"), "method")):
+        bad("longctx_docs", f"applied_method {vname}", fn, arg)
+
+    def frozen(n):
+        with LD.frozen_length(model, n):
+            return model.rope.inv_freq.clone()
+
+    good("longctx_docs", "frozen_length leaves plain RoPE alone", lambda: frozen(40), lambda: model.rope.inv_freq)
+    bad("longctx_docs", "frozen_length 0", lambda: frozen(0), "length")
+    bad("longctx_docs", "frozen_length 4.0", lambda: frozen(4.0), "length")
+    ST = LD.same_token_rows
+    good("longctx_docs", "same_token_rows: baseline and one method, buckets of 4",
+         lambda: [(r["method"], r["bucket_start"]) for r in ST(model, doc, 8, ["none"], block=2, bucket=4, targets="measured")],
+         lambda: [(LD.SLIDING, 8), (LD.SLIDING, 12), ("none", 8), ("none", 12)])
+    for vname, fn, arg in (("document a str", lambda: ST(model, "a.py", 8, ["none"]), "document"),
+                           ("bucket 3", lambda: ST(model, doc, 8, ["none"], bucket=3), "bucket"),
+                           ("context 40 (document of 72)", lambda: ST(model, doc, 40, ["none"], bucket=8), "context"),
+                           ("methods repeated", lambda: ST(model, doc, 8, ["none", "none"], bucket=4), "methods"),
+                           ("targets 'half'", lambda: ST(model, doc, 8, ["none"], bucket=4, targets="half"), "targets"),
+                           ("progress 'log'", lambda: ST(model, doc, 8, ["none"], bucket=4, progress="log"), "progress")):
+        bad("longctx_docs", f"same_token_rows {vname}", fn, arg)
+    rows = ST(model, doc, 8, ["none"], block=2, bucket=4)
+    good("longctx_docs", "context_value over one document", lambda: LD.context_value(rows, "none", 8, resamples=200)["buckets"], lambda: 2)
+    bad("longctx_docs", "context_value a method without rows", lambda: LD.context_value(rows, "yarn", 8), "yarn")
+    bad("longctx_docs", "context_value rows without nll_sum", lambda: LD.context_value([{k: v for k, v in r.items() if k != "nll_sum"} for r in rows], "none", 8), "nll_sum")
+    good("longctx_docs", "the constants", lambda: (LD.SAME_TOKEN_FIELDS[0], LD.SPLITS, LD.ROPE_LAYERS), lambda: ("model", ("val", "train", "all"), ("global", "all")))
+
+    plain = _PlainTokenizer()
+    PT, PI, AI, DK = PK.prompt_text, PK.prompt_ids, PK.answer_ids, PK.draw_keys
+    good("passkey", "prompt_text classic ends with the question", lambda: PT("classic", 2, 0.5, 12345).endswith(PK.QUESTION), lambda: True)
+    for vname, args, arg in (("fmt 'plain'", ("plain", 2, 0.5, 12345), "fmt"), ("units -1", ("classic", -1, 0.5, 12345), "units"),
+                             ("depth 2", ("classic", 2, 2.0, 12345), "depth"), ("depth nan", ("classic", 2, NAN, 12345), "depth"),
+                             ("key 0", ("classic", 2, 0.5, 0), "key"), ("key '12345'", ("classic", 2, 0.5, "12345"), "key"),
+                             ("chat without a template", ("chat", 2, 0.5, 12345), "template")):
+        bad("passkey", f"prompt_text {vname}", lambda args=args: PT(*args), arg)
+    good("passkey", "prompt_ids fits the length with the answer", lambda: len(PI(plain, "classic", 900, 0.5, 12345, reserve=6)[0]) + 6 <= 900, lambda: True)
+    for vname, fn, arg in (("length 100", lambda: PI(plain, "classic", 100, 0.5, 12345), "length"),
+                           ("reserve -1", lambda: PI(plain, "classic", 900, 0.5, 12345, reserve=-1), "reserve"),
+                           ("length 0", lambda: PI(plain, "classic", 0, 0.5, 12345), "length")):
+        bad("passkey", f"prompt_ids {vname}", fn, arg)
+    text = PT("classic", 1, 0.5, 12345)
+    good("passkey", "answer_ids a space and five digits", lambda: AI(plain, text, plain.encode(text).ids, 40719), lambda: list(b" 40719"))
+    bad("passkey", "answer_ids after other ids", lambda: AI(plain, text, [1, 2, 3], 40719), "answer")
+    good("passkey", "draw_keys five-digit keys and distinct controls", lambda: all(10000 <= k <= 99999 and k not in c and len(set(c)) == 2
+                                                                                  for k, c in DK(0, 100, 0.5, 20, 2)), lambda: True)
+    for vname, args, arg in (("seed -1", (-1, 100, 0.5, 2), "seed"), ("trials 0", (0, 100, 0.5, 0), "trials"),
+                             ("controls 0", (0, 100, 0.5, 2, 0), "controls"), ("depth nan", (0, 100, NAN, 2), "depth"),
+                             ("length 1.5", (0, 1.5, 0.5, 2), "length")):
+        bad("passkey", f"draw_keys {vname}", lambda args=args: DK(*args), arg)
+    SP = PK.score_prompts
+    good("passkey", "score_prompts shared equals unshared",
+         lambda: [t["logp"] for t in SP(model, [[1, 2, 3, 4], [1, 2, 3, 5]], [[[6], [7]], [[6], [7]]])["trials"]],
+         check=close_to(lambda: [t["logp"] for t in SP(model, [[1, 2, 3, 4], [1, 2, 3, 5]], [[[6], [7]], [[6], [7]]], share=False)["trials"]]))
+    for vname, fn, arg in (("no prompts", lambda: SP(model, [], []), "prompts"), ("answers of another count", lambda: SP(model, [[1]], []), "answers"),
+                           ("an empty candidate", lambda: SP(model, [[1]], [[[]]]), "candidate"), ("an id of 32", lambda: SP(model, [[1]], [[[32]]]), "candidate"),
+                           ("chunk 0", lambda: SP(model, [[1]], [[[2]]], chunk=0), "chunk"), ("share 1", lambda: SP(model, [[1]], [[[2]]], share=1), "share"),
+                           ("method 'bogus'", lambda: SP(model, [[1]], [[[2]]], "bogus"), "method")):
+        bad("passkey", f"score_prompts {vname}", fn, arg)
+    PR = PK.passkey_rows
+    good("passkey", "passkey_rows a row per trial with the PASSKEY_FIELDS", lambda: [sorted(r) for r in PR(model, tok, "classic", 300, 0.5, "none", trials=2, controls=1)],
+         lambda: [sorted(PK.PASSKEY_FIELDS)] * 2)
+    bad("passkey", "passkey_rows length 100", lambda: PR(model, tok, "classic", 100, 0.5, "none", trials=2), "length")
+    bad("passkey", "passkey_rows fmt 'plain'", lambda: PR(model, tok, "plain", 300, 0.5, "none", trials=2), "fmt")
+    bad("passkey", "passkey_rows trials 0", lambda: PR(model, tok, "classic", 300, 0.5, "none", trials=0), "trials")
+    from companion.longctx_runs import cached_unit
+
+    good("longctx_runs", "cached_unit computes, then reads back", lambda: [cached_unit(TMP / "units", "u", {"a": 1}, lambda: [{"x": 1}])
+                                                                          for _ in range(2)], lambda: [([{"x": 1}], False), ([{"x": 1}], True)])
+    for vname, args, arg in (("kind ''", (TMP / "units", "", {}, list), "kind"), ("kind 'a/b'", (TMP / "units", "a/b", {}, list), "kind"),
+                             ("kind 3", (TMP / "units", 3, {}, list), "kind"), ("params a list", (TMP / "units", "u", [1], list), "params"),
+                             ("params with a tensor", (TMP / "units", "u", {"t": torch.ones(1)}, list), "params"),
+                             ("compute None", (TMP / "units", "u", {}, None), "compute"),
+                             ("cache an existing file", (root / "a.py", "u", {}, list), "cache")):
+        bad("longctx_runs", f"cached_unit {vname}", lambda args=args: cached_unit(*args), arg)
+    good("passkey", "passkey_summary one cell", lambda: PK.passkey_summary([{"format": "classic", "method": "none", "length": 8, "depth": 0.5,
+                                                                              "gain_bits": 1.0, "exact": 1}] * 3)[("classic", "none", 8, 0.5)]["trials"], lambda: 3)
+    bad("passkey", "passkey_summary rows without gain_bits", lambda: PK.passkey_summary([{"format": "classic", "method": "none", "length": 8, "depth": 0.5}]), "gain_bits")
+    good("passkey", "the constants", lambda: (PK.FORMATS, PK.DIGITS, PK.TASK[:8]), lambda: (("classic", "chat"), 5, "There is"))
+
+    def truncated(n):
+        cache = KVCache(2)
+        model.hidden(ids[:, :6], cache)
+        cache.truncate(n)
+        return cache.length
+
+    good("llama", "KVCache.truncate 2", lambda: truncated(2), lambda: 2)
+    for vname, n in (("7 (past the cache)", 7), ("-1", -1), ("2.0", 2.0), ("True", True)):
+        bad("llama", f"KVCache.truncate {vname}", lambda n=n: truncated(n), "length")
+
+
 class _PlainTokenizer:
     """A stand-in tokenizer that keeps every byte (for checking a prompt's text)."""
 
@@ -2714,6 +3005,58 @@ def lab_cases() -> None:
     for vname, value in (("'bogus'", "bogus"), ("['cope']", ["cope"]), ("None", None)):
         bad("lab", f"counting.build_scheme {vname}", lambda value=value: counting.build_scheme(value, 8, 2), ("scheme", "name"))
         bad("lab", f"grid_task.build_scheme {vname}", lambda value=value: grid_task.build_scheme(value), ("scheme", "name"))
+    # ---- grid_task: position interpolation, normalised coordinates, stored flags; counting: the splits
+    from companion.grid import AxialRoPE as _Axial
+    SP = grid_task.scale_positions
+    good("lab", "grid_task.scale_positions of axial RoPE: frequencies times the factors, per axis",
+         lambda: SP(_Axial(16), (0.5, 2.0)).freqs64, lambda: _Axial(16).freqs64 * torch.tensor([[0.5], [2.0]], dtype=torch.float64),
+         atol=0, rtol=1e-15)
+    for vname, args, arg, wants in (("NoPE", (NoPE(), 0.5), "scheme", TypeError), ("a learned table", (grid_task.build_scheme("learned"), 0.5), "scheme", TypeError),
+                                    ("factors 0", (_Axial(16), 0.0), "factors", None), ("factors nan", (_Axial(16), NAN), "factors", None),
+                                    ("factors -1", (_Axial(16), -1.0), "factors", None), ("factors '2'", (_Axial(16), "2"), "factors", None),
+                                    ("one factor for 2 axes", (_Axial(16), (0.5,)), "factors", None), ("factors True", (_Axial(16), True), "factors", None)):
+        bad("lab", f"grid_task.scale_positions {vname}", lambda args=args: SP(*args), arg, want=wants)
+    grid_model = grid_task.TinyGridEncoder(lambda: grid_task.build_scheme("axial", 16, 2), d_model=16, n_heads=2)
+    learned_model = grid_task.TinyGridEncoder(lambda: grid_task.build_scheme("learned", 16, 2), d_model=16, n_heads=2)
+    good("lab", "TinyGridEncoder.for_grid interpolate_from its own grid is the model", lambda: grid_model.for_grid((8, 8), interpolate_from=(8, 8)) is grid_model,
+         lambda: True)
+    for vname, model_, kwargs in (("a learned table", learned_model, dict(interpolate_from=(8, 8))), ("(0, 8)", grid_model, dict(interpolate_from=(0, 8))),
+                                  ("8 (an int)", grid_model, dict(interpolate_from=8)), ("(8.5, 8)", grid_model, dict(interpolate_from=(8.5, 8)))):
+        bad("lab", f"TinyGridEncoder.for_grid interpolate_from {vname}", lambda model_=model_, kwargs=kwargs: model_.for_grid((12, 12), **kwargs), "interpolate_from")
+    gb = grid_task.make_batch(3, 0)
+    for vname, value, wants in (("0", 0, None), ("1.5", 1.5, TypeError), ("True", True, TypeError)):
+        bad("lab", f"grid_task.example_hits interpolate_from {vname}", lambda value=value: grid_task.example_hits(grid_model, gb, 8, interpolate_from=value),
+            "interpolate_from", want=wants)
+    good("lab", "grid_task.example_hits: one flag per head and grid", lambda: tuple(grid_task.example_hits(grid_model, gb, 8).shape), lambda: (3, 2))
+    flags = [True, False, True, True, False, False, False, True, True]
+    good("lab", "grid_task.pack_hits writes the first flag in the high bit", lambda: grid_task.pack_hits(flags), lambda: "b180")
+    good("lab", "grid_task.unpack_hits round trip", lambda: grid_task.unpack_hits(grid_task.pack_hits(flags), 9).tolist(), lambda: flags)
+    for vname, value in (("ints", [1, 0, 1]), ("2-D", [[True], [False]]), ("ragged", [[True], [True, False]]), ("None", None)):
+        bad("lab", f"grid_task.pack_hits {vname}", lambda value=value: grid_task.pack_hits(value), "hits", want=TypeError)
+    for vname, args, arg, wants in (("not hex", ("zz", 8), "text", None), ("too short", ("b1", 11), "text", None), ("padding bits set", ("b1ff", 9), "text", None),
+                                    ("bytes", (b"b1", 8), "text", TypeError), ("n -1", ("", -1), "n", None), ("n 1.5", ("b1", 1.5), "n", TypeError)):
+        bad("lab", f"grid_task.unpack_hits {vname}", lambda args=args: grid_task.unpack_hits(*args), arg, want=wants)
+    good("lab", "grid_task.batch_digest: the same grids, the same digest", lambda: grid_task.batch_digest(grid_task.make_batch(3, 0)),
+         lambda: grid_task.batch_digest(gb))
+    bad("lab", "grid_task.batch_digest a tensor", lambda: grid_task.batch_digest(gb.tokens), "batch", want=TypeError)
+
+    def cruns(*rows):
+        return [{"scheme": s_, "settings": {"lr": lr}, "validation": {"accuracy": a}} for s_, lr, a in rows]
+
+    good("lab", "counting.best_lr: the highest mean validation accuracy", lambda: counting.best_lr(cruns(("a", 0.01, 0.9), ("a", 0.01, 0.5), ("a", 0.003, 0.6))),
+         lambda: 0.01)
+    bad("lab", "counting.best_lr no runs", lambda: counting.best_lr([]), "runs")
+    bad("lab", "counting.best_lr two schemes", lambda: counting.best_lr(cruns(("a", 0.01, 0.9), ("b", 0.01, 0.5))), "runs")
+    tiny_counting = counting.TrainSettings(d_model=8, n_heads=2, n_layers=1, batch_size=2, eval_size=4, warmup=1)
+    bad("lab", "counting.train_and_eval test 'no'", lambda: counting.train_and_eval("nope", 0, 1, settings=tiny_counting, test="no"), "test", want=TypeError)
+    cmodel = counting.train_and_eval("nope", 0, 1, settings=tiny_counting, return_model=True)[1]
+    good("lab", "counting.evaluate_test_splits: both splits, eval_size each",
+         lambda: {k: v["evaluated"] for k, v in counting.evaluate_test_splits(cmodel, eval_size=5).items()},
+         lambda: {"in_distribution": 5, "longer_gaps": 5})
+    for vname, args, kwargs, arg, wants in (("model a string", ("model",), {}, "model", TypeError), ("eval_size 0", (cmodel,), dict(eval_size=0), "eval_size", None),
+                                            ("task a dict", (cmodel, {"n_noise": 3}), {}, "task", TypeError),
+                                            ("long_task of another vocabulary", (cmodel,), dict(long_task=counting.CountingTask(n_markers=3)), "long_task", None)):
+        bad("lab", f"counting.evaluate_test_splits {vname}", lambda args=args, kwargs=kwargs: counting.evaluate_test_splits(*args, **kwargs), arg, want=wants)
     bad("lab", "extend.method_config 'bogus'", lambda: ext_method_config("bogus", 2.0, 16, 8), "method")
     bad("lab", "extend.method_config factor 0.5", lambda: ext_method_config("pi", 0.5, 16, 8), "factor")
     LS = trainfree_lab.lab_settings
@@ -3032,7 +3375,7 @@ def _heavy_functions() -> list:
     return [corpus.load_corpus, train.train, sweep.run_sweep, sweep.run_job, sweep.evaluate_model, extend.train_missing,
             extend.run_extension, trainfree_lab.run_trainfree, counting.run_all, counting.train_and_eval, grid_task.run_all,
             grid_task.reduced_run, grid_task.train_and_eval, longctx._load, longctx.token_stream, longctx.evaluate_window,
-            longctx.passkey_prompt, llama.read_gguf, llama.load_gguf, pre.fetch, pre.fetch_smollm2, pre.fetch_gemma3, pre._fetch_member,
+            longctx.passkey_prompt, mod("companion.longctx_runs").load_subject, llama.read_gguf, llama.load_gguf, pre.fetch, pre.fetch_smollm2, pre.fetch_gemma3, pre._fetch_member,
             utils.save_result, utils.save_csv]
 
 
@@ -3121,6 +3464,15 @@ def cli_cases() -> None:
     cli_good("lab sweep, valid flags, reaches the sweep", lab, ["sweep", "--schemes", "rope", "--seeds", "0", "--steps", "1", "--out", out])
     cli_good("lab extend, valid flags, reaches the work", lab, ["extend", "--seeds", "0", "--steps", "1", "--out", str(TMP / "cli.csv")])
     cli_good("lab trainfree, valid flags, reaches the work", lab, ["trainfree", "--seeds", "0", "--steps", "1", "--out", out])
+    cli_good("lab sweep --quick reaches the sweep", lab, ["sweep", "--quick", "--out", out])
+    cli_good("lab sweep --quick with explicit flags reaches the sweep", lab, ["sweep", "--schemes", "nope", "--quick", "--steps", "3", "--out", out])
+    cli_good("lab extend --quick reaches the work", lab, ["extend", "--quick", "--out", str(TMP / "cli.csv")])
+    for flag, values in (("--steps", ["0"]), ("--windows", ["3"]), ("--multiples", ["32"]), ("--schemes", ["bogus"]), ("--seeds", ["-1"])):
+        cli_bad(f"lab sweep --quick {flag} {' '.join(values)}", lab, ["sweep", "--quick", flag, *values, "--out", out], flag)
+    for flag, values in (("--factors", ["0.5"]), ("--methods", ["bogus"]), ("--finetune-steps", ["-1"]), ("--steps", ["0"])):
+        cli_bad(f"lab extend --quick {flag} {' '.join(values)}", lab, ["extend", "--quick", flag, *values, "--out", str(TMP / "cli.csv")], flag)
+    cli_bad("lab train --quick (sweep and extend only)", lab, ["train", "--quick"], "--quick")
+    cli_bad("lab sweep --quick=yes", lab, ["sweep", "--quick=yes"], "--quick")
     for flag, value in (("--steps", "0"), ("--steps", "-5"), ("--seq-len", "0"), ("--lr", "nan"), ("--lr", "-1"), ("--batch-size", "0"), ("--d-model", "63"),
                         ("--max-len", "4"), ("--warmup", "-1"), ("--dtype", "float16"), ("--min-lr-ratio", "2"), ("--seed", "-1"), ("--threads", "0"),
                         ("--threads", "-2"), ("--scheme", "bogus"), ("--scheme", "os.path:join"), ("--windows", "0"), ("--blocks", "3"), ("--multiples", "0"),
@@ -3149,7 +3501,8 @@ def cli_cases() -> None:
     cnt = counting.main
     cli_good("counting, valid flags, reaches training", cnt, ["--out", out, "--steps", "1", "--seeds", "0"])
     for flag, values in (("--steps", ["0"]), ("--threads", ["0"]), ("--seeds", ["-1"]), ("--lrs", ["nan"]), ("--lrs", ["0"]), ("--lrs", ["-1e-3"]),
-                         ("--schemes", ["bogus"]), ("--out", [str(TMP)])):
+                         ("--schemes", ["bogus"]), ("--out", [str(TMP)]), ("--long-steps", ["-1"]), ("--long-schemes", ["bogus"]),
+                         ("--long-schemes", ["rope", "rope"])):
         cli_bad(f"counting {flag} {' '.join(values)}", cnt, ["--out", out, flag, *values], flag)
     gt = grid_task.main
     cli_good("grid_task, valid flags, reaches training", gt, ["--out", out, "--steps", "1", "--seeds", "0", "--skip-reduced"])
@@ -3160,6 +3513,12 @@ def cli_cases() -> None:
     csv = str(TMP / "cli-ppl.csv")
     cli_good("longctx ppl, valid flags, reaches the model", lx, ["ppl", "--length", "512", "--windows", "1", "--out", csv])
     cli_good("longctx passkey, valid flags, reaches the model", lx, ["passkey", "--lengths", "512", "--depths", "0.5", "--out", csv])
+    cli_good("longctx ppl --quick --quiet reaches the model", lx, ["ppl", "--quick", "--quiet", "--out", csv])
+    cli_good("longctx passkey --quick reaches the model", lx, ["passkey", "--quick", "--out", csv])
+    for flag, values in (("--bucket", ["512"]), ("--windows", ["0"]), ("--methods", ["bogus"]), ("--length", ["100"])):
+        cli_bad(f"longctx ppl --quick {flag} {' '.join(values)}", lx, ["ppl", "--quick", "--out", csv, flag, *values], flag)
+    cli_bad("longctx passkey --quick --depths 2", lx, ["passkey", "--quick", "--out", csv, "--depths", "2"], "--depths")
+    cli_bad("longctx ppl --quiet=1", lx, ["ppl", "--quiet=1", "--out", csv], "--quiet")
     for flag, values in (("--windows", ["0"]), ("--methods", ["bogus"]), ("--factor", ["0.5"]), ("--factor", ["nan"]), ("--length", ["100"]),
                          ("--length", ["0"]), ("--bucket", ["0"]), ("--leak", ["1.0"]), ("--rerope-window", ["0"]), ("--se-group", ["0"]),
                          ("--sinks", ["-1"]), ("--sink-window", ["0"]), ("--chunk", ["0"]), ("--threads", ["0"]), ("--out", [str(TMP)])):
@@ -3168,11 +3527,27 @@ def cli_cases() -> None:
                          ("--methods", ["bogus"]), ("--native-methods", ["bogus"]), ("--threads", ["0"])):
         cli_bad(f"longctx passkey {flag} {' '.join(values)}", lx, ["passkey", "--lengths", "512", "--out", csv, flag, *values], flag)
     cli_bad("longctx an unknown command", lx, ["bogus"], "bogus")
+    cli_good("longctx docs, valid flags, reaches the model", lx, ["docs", "--out", str(TMP / "docs.json")])
+    cli_good("longctx context --quick reaches the model", lx, ["context", "--quick", "--out", csv])
+    cli_good("longctx retrieval --quick reaches the model", lx, ["retrieval", "--quick", "--out", csv])
+    cli_good("longctx retrieval gemma3 reaches the model", lx, ["retrieval", "--model", "gemma3", "--out", csv])
+    cli_bad("longctx docs --min-tokens 1", lx, ["docs", "--min-tokens", "1", "--out", csv], "--min-tokens")
+    for flag, values in (("--context", ["1"]), ("--bucket", ["3"]), ("--block", ["0"]), ("--documents", ["0"]), ("--pass-chunk", ["0"]),
+                         ("--methods", ["yarn", "yarn"]), ("--rope-layers", ["all"]), ("--leak", ["1"]), ("--factor", ["nan"]),
+                         ("--targets", ["half"]), ("--cache", [str(TMP / "ld-root" / "a.py")]), ("--out", [str(TMP)]), ("--split", ["test"])):
+        cli_bad(f"longctx context {flag} {' '.join(values)}", lx, ["context", "--context", "64", "--bucket", "8", "--out", csv, flag, *values], flag)
+    cli_bad("longctx context --model gemma3 --methods sinks", lx, ["context", "--model", "gemma3", "--methods", "sinks", "--out", csv], "--methods")
+    for flag, values in (("--depths", ["1.5"]), ("--depths", ["0.5", "0.5"]), ("--lengths", ["0"]), ("--trials", ["0"]), ("--controls", ["0"]),
+                         ("--seed", ["-1"]), ("--pass-chunk", ["0"]), ("--formats", ["plain"]), ("--native-methods", ["none", "none"]),
+                         ("--sinks", ["-1"]), ("--threads", ["0"])):
+        cli_bad(f"longctx retrieval {flag} {' '.join(values)}", lx, ["retrieval", "--out", csv, flag, *values], flag)
+    cli_bad("longctx retrieval --model gemma3 --formats chat", lx, ["retrieval", "--model", "gemma3", "--formats", "chat", "--out", csv], "--formats")
     pm = pretrained.main
     for name, argv, flag in (("fetch --model bogus", ["fetch", "--model", "bogus"], "--model"), ("path --model bogus", ["path", "--model", "bogus"], "--model"),
                              ("fetch --bogus", ["fetch", "--bogus"], "--bogus"), ("fetch --expected-sha256 xyz", ["fetch", "--model", "minilm", "--expected-sha256", "xyz",
                                                                                                                    "--cache", str(TMP / "pcache")], "--expected-sha256"),
                              ("fetch --cache a file", ["fetch", "--model", "minilm", "--cache", str(TMP / "afile")], "--cache"),
+                             ("fetch --quiet=1", ["fetch", "--quiet=1"], "--quiet"),
                              ("fetch --find-links a missing folder", ["fetch", "--model", "minilm", "--cache", str(TMP / "pcache2"), "--find-links",
                                                                        str(TMP / "no-links"), "--no-index"], "--find-links")):
         cli_bad(f"pretrained {name}", pm, argv, flag)
@@ -3181,9 +3556,9 @@ def cli_cases() -> None:
 # ============================================================================ main
 
 GROUPS = [mask_cases, head_cases, position_cases, shape_cases, number_cases, dtype_cases,
-          flag_and_layout_cases, aliasing_cases, nan_cases, file_cases, pretrained_cases,
+          local_attention_cases, flag_and_layout_cases, aliasing_cases, nan_cases, file_cases, pretrained_cases,
           hf_mask_cases, hf_cases, base_and_dtype_cases, scaling_cases, trainfree_cases, grid_cases, variant_cases,
-          llama_cases, longctx_cases, lab_cases, misc_cases, cli_cases]
+          llama_cases, longctx_cases, longctx_measure_cases, lab_cases, misc_cases, cli_cases]
 OUTCOMES = ("clear", "correct", "cryptic", "silent")
 
 
@@ -3198,8 +3573,10 @@ def public_modules() -> list:
         import companion.hf as hf
     except ImportError:
         hf = None
+    from companion import longctx_docs, longctx_runs, passkey
+
     return [companion, kernels, pretrained, scaling, trainfree, grid, cope, rope_variants, learned_bias, llama, longctx,
-            lab, lab_stats, lab_results] + ([hf] if hf is not None else [])
+            longctx_docs, passkey, longctx_runs, lab, lab_stats, lab_results] + ([hf] if hf is not None else [])
 
 
 def covered_names() -> set[str]:
