@@ -3189,6 +3189,142 @@ def lab_cases() -> None:
     bad("lab", "Extension a row without its value", lambda: results.Extension([{k: v for k, v in row.items() if k != "value"}], {}), ("rows", "value"))
 
 
+def recipe_cases() -> None:
+    """Chapter 13 (issue 32): the per-layer plan, attention temperature, the base bounds, ABF,
+    the published-recipes data and the lab runs of companion.lab.recipe_lab."""
+    from companion import recipe as R
+    from companion.lab import recipe_lab as RL
+    from companion.lab.extend import method_config as ext_method_config
+    from companion.lab.schemes import build_scheme, layer_plan_for, rope_base_name, rope_base_of
+    from companion.lab.train import TrainConfig
+    from companion.model import AttentionTemperature as AT, LayerPosition as LP
+
+    # ---- AttentionTemperature: fields, positions, formulas
+    for vname, kw, arg, wants in (("form 'cold'", dict(form="cold"), "form", None), ("form None", dict(form=None), "form", TypeError),
+                                  ("log-n length 1", dict(form="log-n", length=1), "length", None), ("llama4 length 0", dict(form="llama4", length=0), "length", None),
+                                  ("llama4 length 2.5", dict(form="llama4", length=2.5), "length", TypeError),
+                                  ("llama4 strength -1", dict(form="llama4", strength=-1.0), "strength", None),
+                                  ("constant strength 0", dict(form="constant", strength=0.0), "strength", None),
+                                  ("constant strength nan", dict(form="constant", strength=NAN), "strength", None),
+                                  ("constant strength '2'", dict(form="constant", strength="2"), "strength", TypeError)):
+        bad("recipe", f"AttentionTemperature {vname}", lambda kw=kw: AT(**kw), arg, want=wants)
+    for vname, args, arg, wants in (("float positions", (torch.tensor([1.0]),), "pos", TypeError), ("a list", ([1, 2],), "pos", TypeError),
+                                    ("negative", (torch.tensor([-1]),), "pos", None), ("dtype float16", (torch.tensor([1]), torch.float16), "dtype", TypeError)):
+        bad("recipe", f"AttentionTemperature.scales {vname}", lambda args=args: AT("log-n", 8).scales(*args), arg, want=wants)
+    pos = torch.arange(100)
+    good("recipe", "AttentionTemperature llama4: 1 + s ln(1 + floor((p + 1) / F))", lambda: AT("llama4", 8, 0.1).scales(pos, torch.float64),
+         lambda: torch.tensor([1 + 0.1 * math.log(1 + (p + 1) // 8) for p in range(100)], dtype=torch.float64), atol=1e-15, rtol=1e-15)
+    good("recipe", "AttentionTemperature log-n: max(1, ln(p + 1) / ln L)", lambda: AT("log-n", 16).scales(pos, torch.float64),
+         lambda: torch.tensor([max(1.0, math.log(p + 1) / math.log(16)) for p in range(100)], dtype=torch.float64), atol=1e-15, rtol=1e-15)
+    good("recipe", "AttentionTemperature scales of no positions", lambda: tuple(AT("log-n", 16).scales(torch.zeros(0, dtype=torch.long)).shape), lambda: (0,))
+    # ---- LayerPosition and the plan in TinyDecoder / MultiHeadAttention
+    for vname, kw, arg, wants in (("scheme 'rotary'", dict(scheme="rotary"), "scheme", None), ("scheme 3", dict(scheme=3), "scheme", TypeError),
+                                  ("base on a nope layer", dict(scheme="nope", base=100.0), ("base", "rope_config"), None),
+                                  ("base and rope_config", dict(scheme="rope", base=100.0, rope_config={"rope_theta": 1e4}), ("base", "rope_config"), None),
+                                  ("base 1", dict(scheme="rope", base=1.0), "base", None), ("base nan", dict(scheme="rope", base=NAN), "base", None),
+                                  ("rope_config a list", dict(scheme="rope", rope_config=[1]), "rope_config", TypeError),
+                                  ("window 0", dict(window=0), "window", None), ("chunk 2.5", dict(chunk=2.5), "chunk", TypeError),
+                                  ("temperature 1.5", dict(temperature=1.5), "temperature", TypeError)):
+        bad("recipe", f"LayerPosition {vname}", lambda kw=kw: LP(**kw), arg, want=wants)
+    for vname, layers, arg, wants in (("one layer for two", [LP()], "layers", None), ("a string in it", [LP(), "nope"], "layers", TypeError),
+                                      ("not a sequence", LP(), "layers", TypeError)):
+        bad("recipe", f"TinyDecoder layers {vname}", lambda layers=layers: TinyDecoder(40, 16, 2, 2, layers=layers), arg, want=wants)
+    bad("recipe", "TinyDecoder layers with nope_layers", lambda: TinyDecoder(40, 16, 2, 2, nope_layers=[1], layers=[LP(), LP()]), ("layers", "nope_layers"))
+    bad("recipe", "MultiHeadAttention chunk without causal", lambda: MultiHeadAttention(16, 2, chunk=4)(rand(1, 5, 16)), ("chunk", "causal"))
+    bad("recipe", "MultiHeadAttention temperature 'llama4'", lambda: MultiHeadAttention(16, 2, temperature="llama4"), "temperature", want=TypeError)
+    bad("recipe", "MultiHeadAttention chunk 0", lambda: MultiHeadAttention(16, 2, chunk=0), "chunk")
+
+    def plan_vs_legacy():
+        torch.manual_seed(0)
+        a = TinyDecoder(40, 16, 2, 2, scheme=RotaryEmbedding(8), nope_layers=[1], window=4, window_layers=[0])
+        torch.manual_seed(0)
+        b = TinyDecoder(40, 16, 2, 2, scheme=RotaryEmbedding(8), layers=[LP("shared", window=4), LP("nope")])
+        idx = torch.randint(0, 40, (2, 11), generator=torch.Generator().manual_seed(0))
+        return bool(torch.equal(a(idx), b(idx)))
+    good("recipe", "a plan equals the legacy window and nope_layers arguments, bit for bit", plan_vs_legacy, lambda: True)
+    # ---- the base: critical dimension, bounds, ABF
+    good("recipe", "critical_dimension of Llama 2 (d 128, L 4096, base 1e4) is 92", lambda: R.critical_dimension(128, 4096), lambda: 92)
+    good("recipe", "critical_dimension of the lab's head is 6", lambda: R.critical_dimension(16, 128), lambda: 6)
+    for vname, args, arg, wants in (("odd head_dim", (15, 128), "head_dim", None), ("head_dim 0", (0, 128), "head_dim", None), ("train_len 0", (16, 0), "train_len", None),
+                                    ("train_len '128'", (16, "128"), "train_len", TypeError), ("base 1", (16, 128, 1.0), "base", None),
+                                    ("base inf", (16, 128, INF), "base", None)):
+        bad("recipe", f"critical_dimension {vname}", lambda args=args: R.critical_dimension(*args), arg, want=wants)
+    good("recipe", "extrapolation_bound: 2 pi base^(d_extra / d)", lambda: R.extrapolation_bound(128, 4096, 1e4), lambda: 2 * math.pi * 1e4 ** (92 / 128),
+         atol=0, rtol=1e-14)
+    good("recipe", "extrapolation_bound when every pair turns: inf", lambda: R.extrapolation_bound(8, 1000, 10.0), lambda: math.inf)
+    bad("recipe", "extrapolation_bound pretrain_base 0.5", lambda: R.extrapolation_bound(16, 128, 1e4, pretrain_base=0.5), "pretrain_base")
+    bad("recipe", "critical_base target below train", lambda: R.critical_base(100, 4096), "target_len")
+    bad("recipe", "critical_base train_len 6", lambda: R.critical_base(100, 6), "train_len")
+    good("recipe", "decay_sum at 0 is d / 2", lambda: float(R.decay_sum([0], 1e4, 16)[0]), lambda: 8.0)
+    bad("recipe", "decay_sum distances strings", lambda: R.decay_sum(["a"], 1e4, 16), "distances", want=TypeError)
+    bad("recipe", "decay_sum odd head_dim", lambda: R.decay_sum([1], 1e4, 7), "head_dim")
+    good("recipe", "longest_context: the first distance with a negative sum",
+         lambda: R.longest_context(1e4, 16, limit=4096), lambda: int(np.flatnonzero(R.decay_sum(np.arange(4096), 1e4, 16) < 0)[0]))
+    bad("recipe", "longest_context limit 0", lambda: R.longest_context(1e4, 16, limit=0), "limit")
+    good("recipe", "base_lower_bound at 1K, d 128: 4.3e3 (Men et al.)", lambda: float(f"{R.base_lower_bound(1024):.1e}"), lambda: 4.3e3)
+    for vname, args, kw, arg, wants in (("length 0", (0,), {}, "length", None), ("length 1.5", (1.5,), {}, "length", TypeError),
+                                        ("rel_step 0.5", (100, 16), dict(rel_step=0.5), "rel_step", None), ("rel_step 0", (100, 16), dict(rel_step=0.0), "rel_step", None),
+                                        ("one pair (never satisfied)", (100, 2), dict(max_base=1e5), "max_base", None),
+                                        ("max_base 1", (100, 16), dict(max_base=1.0), "max_base", None)):
+        bad("recipe", f"base_lower_bound {vname}", lambda args=args, kw=kw: R.base_lower_bound(*args, **kw), arg, want=wants)
+    good("recipe", "abf_base for the lab at 4x is 6e4", lambda: R.abf_base(512, 16), lambda: 6e4)
+    good("recipe", "abf method_config: the base raised", lambda: ext_method_config("abf", 4.0, 128, 16)["rope_theta"], lambda: 6e4)
+    bad("recipe", "abf_base base 0.5", lambda: R.abf_base(512, 16, 0.5), "base")
+    good("recipe", "longrope_logit_scale is log-n scaling at n = s L", lambda: R.longrope_logit_scale(8.0, 4096), lambda: math.log(8 * 4096) / math.log(4096),
+         atol=0, rtol=1e-15)
+    good("recipe", "yarn_logit_scale is (0.1 ln s + 1)^2", lambda: R.yarn_logit_scale(16.0), lambda: (0.1 * math.log(16) + 1) ** 2, atol=0, rtol=1e-15)
+    for vname, fn, arg, wants in (("logn n 0.5", lambda: R.logn_logit_scale(0.5, 128), "n", None), ("logn train_len 1", lambda: R.logn_logit_scale(4, 1), "train_len", None),
+                                  ("longrope factor '4'", lambda: R.longrope_logit_scale("4", 128), "factor", TypeError),
+                                  ("yarn factor nan", lambda: R.yarn_logit_scale(NAN), "factor", None)):
+        bad("recipe", vname, fn, arg, want=wants)
+    good("recipe", "published_recipes: every row sourced", lambda: all(r["sources"] for r in R.published_recipes()), lambda: True)
+    good("recipe", "local_global_models: five families", lambda: len(R.local_global_models()), lambda: 5)
+    # ---- lab schemes and runs
+    good("recipe", "rope_base_name 1e6", lambda: rope_base_name(1e6), lambda: "rope-b1e6")
+    good("recipe", "rope_base_of 'rope-b3000'", lambda: rope_base_of("rope-b3000"), lambda: 3000.0)
+    for vname, fn, arg, wants in (("rope_base_name 1", lambda: rope_base_name(1.0), "base", None), ("rope_base_name '100'", lambda: rope_base_name("100"), "base", TypeError),
+                                  ("rope_base_of a second spelling", lambda: rope_base_of("rope-b100000"), "scheme", None),
+                                  ("build_scheme 'rope-b10000' (that is 'rope')", lambda: build_scheme("rope-b10000", d_model=16, n_heads=2, max_len=64, train_len=16),
+                                   "scheme", None),
+                                  ("build_scheme 'rope-b0.5'", lambda: build_scheme("rope-b0.5e0", d_model=16, n_heads=2, max_len=64, train_len=16), "scheme", None),
+                                  ("TrainConfig scheme 'rope-b1000000'", lambda: TrainConfig(scheme="rope-b1000000"), "scheme", None)):
+        bad("recipe", vname, fn, arg, want=wants)
+    good("recipe", "layer_plan_for irope: chunked RoPE then NoPE", lambda: [(lp.scheme, lp.chunk) for lp in layer_plan_for("irope", 2, 128)],
+         lambda: [("shared", 64), ("nope", None)])
+    good("recipe", "base_configs names the schemes", lambda: [c.scheme for c in RL.base_configs([100.0, 1e4], [0])], lambda: ["rope-b100", "rope"])
+    for vname, fn, arg, wants in (("temperature_for 'trained'", lambda: RL.temperature_for("trained", 64, 32), "temperature", None),
+                                  ("temperature_for length 1", lambda: RL.temperature_for("none", 1, 32), "length", None),
+                                  ("run_bases ev a dict", lambda: RL.run_bases([], 2.0, [0], {}), "ev", TypeError),
+                                  ("run_bases factor 0.5", lambda: RL.run_bases([], 0.5, [0], RL.AllLengths()), "factor", None),
+                                  ("run_temperature 'cold'", lambda: RL.run_temperature([], ["cold"], [1]), "temperatures", None),
+                                  ("run_temperature blocks 3", lambda: RL.run_temperature([], ["none"], [1], windows=8, blocks=3), "blocks", None)):
+        bad("recipe", vname, fn, arg, want=wants)
+    good("recipe", "run_bases of no checkpoints: no rows", lambda: RL.run_bases([], 2.0, [0], RL.AllLengths(), workers=1, verbose=False)["rows"], lambda: [])
+    good("recipe", "temperature_job of none and trained agree on a RoPE model",
+         lambda: (lambda r: r["none"] == r["trained"])(RL.temperature_job(str(tiny_checkpoint(TMP / "recipe.pt")), ["none", "trained"], [1], windows=4, blocks=2,
+                                                                          entropy_windows=1)["results"]), lambda: True)
+    # ---- the command line
+    rl = RL.main
+    out_csv, out_json = str(TMP / "recipe.csv"), str(TMP / "recipe.json")
+    cli_good("recipe_lab bases, valid flags, reaches the work", rl, ["bases", "--bases", "100", "--seeds", "0", "--steps", "1", "--out", out_csv])
+    cli_good("recipe_lab bases --quick reaches the work", rl, ["bases", "--quick", "--out", out_csv])
+    cli_good("recipe_lab temperature, valid flags, reaches the work", rl, ["temperature", "--schemes", "irope-temp", "--seeds", "0", "--steps", "1", "--out", out_json])
+    cli_good("recipe_lab temperature --quick reaches the work", rl, ["temperature", "--quick", "--out", out_json])
+    for argv, flag in ((["bases", "--bases", "1", "--out", out_csv], "--bases"), (["bases", "--bases", "1e5", "100000", "--out", out_csv], "--bases"),
+                       (["bases", "--factor", "0.5", "--out", out_csv], "--factor"), (["bases", "--finetune-steps", "-1", "--out", out_csv], "--finetune-steps"),
+                       (["bases", "--multiples", "32", "--out", out_csv], ("--max-len", "--multiples")), (["bases", "--seeds", "-1", "--out", out_csv], "--seeds"),
+                       (["bases", "--windows", "3", "--out", out_csv], ("--windows", "--blocks")), (["bases", "--quick", "--steps", "0", "--out", out_csv], "--steps"),
+                       (["bases", "--out", str(TMP)], "--out"), (["bases"], "--out"),
+                       (["temperature", "--temperatures", "cold", "--out", out_json], "--temperatures"),
+                       (["temperature", "--temperatures", "none", "none", "--out", out_json], "--temperatures"),
+                       (["temperature", "--schemes", "rope-b10000", "--out", out_json], "--schemes"),
+                       (["temperature", "--multiples", "32", "--out", out_json], "--multiples"),
+                       (["temperature", "--windows", "10", "--blocks", "4", "--out", out_json], "--blocks"),
+                       (["temperature", "--entropy-windows", "0", "--out", out_json], "--entropy-windows"),
+                       (["temperature", "--workers", "0", "--out", out_json], "--workers")):
+        cli_bad(f"recipe_lab {' '.join(a for a in argv if a not in (out_csv, out_json, str(TMP)))}", rl, argv, flag)
+
+
 def misc_cases() -> None:
     """The public callables the groups above do not otherwise reach."""
     from companion import llama as LL
@@ -3375,7 +3511,8 @@ def _heavy_functions() -> list:
     return [corpus.load_corpus, train.train, sweep.run_sweep, sweep.run_job, sweep.evaluate_model, extend.train_missing,
             extend.run_extension, trainfree_lab.run_trainfree, counting.run_all, counting.train_and_eval, grid_task.run_all,
             grid_task.reduced_run, grid_task.train_and_eval, longctx._load, longctx.token_stream, longctx.evaluate_window,
-            longctx.passkey_prompt, mod("companion.longctx_runs").load_subject, llama.read_gguf, llama.load_gguf, pre.fetch, pre.fetch_smollm2, pre.fetch_gemma3, pre._fetch_member,
+            longctx.passkey_prompt, mod("companion.longctx_runs").load_subject, mod("companion.lab.recipe_lab").run_bases,
+            mod("companion.lab.recipe_lab").run_temperature, llama.read_gguf, llama.load_gguf, pre.fetch, pre.fetch_smollm2, pre.fetch_gemma3, pre._fetch_member,
             utils.save_result, utils.save_csv]
 
 
@@ -3558,7 +3695,7 @@ def cli_cases() -> None:
 GROUPS = [mask_cases, head_cases, position_cases, shape_cases, number_cases, dtype_cases,
           local_attention_cases, flag_and_layout_cases, aliasing_cases, nan_cases, file_cases, pretrained_cases,
           hf_mask_cases, hf_cases, base_and_dtype_cases, scaling_cases, trainfree_cases, grid_cases, variant_cases,
-          llama_cases, longctx_cases, longctx_measure_cases, lab_cases, misc_cases, cli_cases]
+          llama_cases, longctx_cases, longctx_measure_cases, lab_cases, recipe_cases, misc_cases, cli_cases]
 OUTCOMES = ("clear", "correct", "cryptic", "silent")
 
 
@@ -3575,8 +3712,11 @@ def public_modules() -> list:
         hf = None
     from companion import longctx_docs, longctx_runs, passkey
 
+    from companion import recipe
+    from companion.lab import recipe_lab
+
     return [companion, kernels, pretrained, scaling, trainfree, grid, cope, rope_variants, learned_bias, llama, longctx,
-            longctx_docs, passkey, longctx_runs, lab, lab_stats, lab_results] + ([hf] if hf is not None else [])
+            longctx_docs, passkey, longctx_runs, lab, lab_stats, lab_results, recipe, recipe_lab] + ([hf] if hf is not None else [])
 
 
 def covered_names() -> set[str]:

@@ -50,6 +50,18 @@ __all__ = ["METHODS", "METHOD_LABELS", "method_config", "apply_method", "finetun
 BASE = 10000.0  # the lab's RoPE base (RotaryEmbedding's default)
 
 
+def _abf_base(s: float, L: int, base: float, d: int) -> float:
+    from ..recipe import abf_base
+    return abf_base(int(math.ceil(s * L)), d, base)
+
+
+def _trained_base(model: TinyDecoder) -> float:
+    """The base of a freshly loaded RoPE model (``rope-b<base>`` checkpoints train at other
+    bases than :data:`BASE`); ``BASE`` if the scheme does not know one."""
+    base = getattr(_rope_scheme(model), "base", None)
+    return BASE if base is None else float(base)
+
+
 def _yarn(s: float, L: int, base: float) -> dict[str, Any]:
     return {"rope_type": "yarn", "rope_theta": base, "factor": s, "original_max_position_embeddings": L}
 
@@ -72,12 +84,16 @@ METHODS: dict[str, Callable[..., dict[str, Any]]] = {
     "longrope": lambda s, L, base, d: {"rope_type": "longrope", "rope_theta": base, "factor": s,
                                        "original_max_position_embeddings": L,
                                        "short_factor": [1.0] * (d // 2), "long_factor": [float(s)] * (d // 2)},
+    # ABF (Xiong et al.): plain RoPE with the base raised, where it must be, until Men et al.'s
+    # condition holds at the target length s L (companion.recipe.abf_base: 6e4 for the lab's head at
+    # 4x; a base that already satisfies it is kept), then continued training like the other methods
+    "abf": lambda s, L, base, d: {"rope_type": "default", "rope_theta": _abf_base(s, L, base, d)},
 }
 
 METHOD_LABELS = {"none": "no scaling", "pi": "PI (linear)", "ntk": "NTK-aware", "ntk-matched": "NTK at s²-s+1",
                  "dynamic": "Dynamic NTK",
                  "yarn": "YaRN", "yarn-no-temp": "YaRN, no temperature", "llama3": "Llama 3",
-                 "longrope": "LongRoPE"}
+                 "longrope": "LongRoPE", "abf": "ABF (base raised)"}
 
 CSV_FIELDS = ["seed", "method", "factor", "finetune_steps", "metric", "length", "where", "value"]
 
@@ -171,13 +187,14 @@ def longrope_search(model: TinyDecoder, corpus: Corpus, factor: float, train_len
     check_positive_int(search_tokens, "search_tokens")
     windows_count = max(2, search_tokens // n)
     rows = windows(corpus.train, evenly_spaced_starts(corpus.train.size, n + 1, windows_count), n + 1)
-    plain = rope_frequencies(d, BASE).double()
+    trained = BASE if scheme.base is None else float(scheme.base)  # a rope-b<base> model's own base
+    plain = rope_frequencies(d, trained).double()
     saved = (scheme.rope_spec, scheme.inv_freq, scheme.attention_scaling, scheme.base)
 
     def starts() -> dict[str, np.ndarray]:
         out = {}
         for name in ("pi", "ntk", "yarn"):
-            inv, _ = compute_inv_freq(method_config(name, factor, train_len, d), d,
+            inv, _ = compute_inv_freq(method_config(name, factor, train_len, d, base=trained), d,
                                       max_position_embeddings=train_len)
             out[name] = (plain / inv.double()).numpy()
         return out
@@ -187,7 +204,7 @@ def longrope_search(model: TinyDecoder, corpus: Corpus, factor: float, train_len
         return np.maximum.accumulate(f)  # non-decreasing towards the low frequencies
 
     def score(f: np.ndarray) -> float:
-        cfg = method_config("longrope", factor, train_len, d, long_factor=f.tolist())
+        cfg = method_config("longrope", factor, train_len, d, base=trained, long_factor=f.tolist())
         apply_method(model, cfg, train_len)
         return _train_bpb(model, rows)
 
@@ -366,7 +383,7 @@ def extension_job(checkpoint: str, method: str, factor: float, finetune_steps: i
     cfg = TrainConfig.from_dict(ckpt["config"])
     corpus = load_corpus()
     d = _rope_scheme(model).rotary_dim
-    rope_cfg = method_config(method, factor, cfg.seq_len, d, long_factor=long_factor)
+    rope_cfg = method_config(method, factor, cfg.seq_len, d, base=_trained_base(model), long_factor=long_factor)
     lengths = job_lengths(cfg, ev, method, factor, finetune_steps)  # before any fine-tuning
     apply_method(model, rope_cfg, cfg.seq_len)
     log: list[dict[str, float]] = []

@@ -15,6 +15,20 @@ those of the following keyword arguments its constructor names (and nothing else
 
 so ``python -m companion.lab sweep --schemes rope alibi mypkg.enc:MyScheme`` trains and
 evaluates a new encoding beside the baselines with no other code.
+
+**RoPE at other bases** is the family of names ``rope-b<base>`` (chapter 13): ``rope-b100``,
+``rope-b3000``, ``rope-b1e5``, ``rope-b1e6``, ...; ``rope_base_name(base)`` spells a base's name
+(integers below ``1e5`` in full, larger or fractional bases as ``<mantissa>e<exponent>``, the
+shortest form that gives the base back; base 10000 is ``rope``). The base is part of the scheme
+name, so it enters every checkpoint name, result record and table without a new config field,
+and one sweep trains several bases side by side.
+
+**Per-layer plans** (``LAYER_PLANS``): the hybrids of chapter 13 give each layer its own
+position treatment (``companion.model.LayerPosition``), at equal parameters (positions,
+windows and temperatures have none): ``rope-local-global`` (Gemma 2's pattern: sliding-window
+RoPE layers, base 1e4, and global RoPE layers with base 1e6), ``irope`` (Llama 4's: chunked
+RoPE layers and global NoPE layers) and ``irope-temp`` (the same with Llama 4's attention
+temperature in the NoPE layers).
 """
 
 from __future__ import annotations
@@ -22,21 +36,22 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import re
 from collections.abc import Callable
 
-from .._checks import check_positive_int
+from .._checks import check_base, check_positive_int
 from ..absolute import LearnedPositionalEmbedding, ScaledSinusoidalEmbedding
 from ..alibi import ALiBi, alibi_slopes
 from ..attention import NoPE, PositionScheme
 from ..cope import CoPE
 from ..learned_bias import FIRE, KerpleBias
 from ..rope_variants import PRoPE, XPos
-from ..model import nope_every
+from ..model import AttentionTemperature, LayerPosition, nope_every
 from ..relative import ShawRelative, T5RelativeBias, TransformerXL
 from ..rope import RotaryEmbedding
 
-__all__ = ["BUILTIN", "LABELS", "NOPE_LAYERS", "WINDOWS", "SchemeShape", "build_scheme", "nope_layers_for",
-           "scheme_label", "window_for"]
+__all__ = ["BUILTIN", "LABELS", "LAYER_PLANS", "NOPE_LAYERS", "WINDOWS", "SchemeShape", "build_scheme",
+           "layer_plan_for", "nope_layers_for", "rope_base_name", "rope_base_of", "scheme_label", "window_for"]
 
 #: The rms per dimension of the added sinusoids at initialisation. A sinusoidal table has rms
 #: ``sqrt(1/2)`` per dimension, which would swamp token embeddings initialised at 0.02;
@@ -151,6 +166,9 @@ BUILTIN: dict[str, Callable[[SchemeShape], PositionScheme]] = {
     "cope": _cope,
     "rope-nope": _rope,
     "rope-window-nope": _rope,
+    "rope-local-global": _rope,
+    "irope": _rope,
+    "irope-temp": _rope,
 }
 
 #: Display names for figures and tables.
@@ -173,6 +191,9 @@ LABELS: dict[str, str] = {
     "cope": "CoPE",
     "rope-nope": "RoPE + NoPE layers",
     "rope-window-nope": "windowed RoPE + global NoPE",
+    "rope-local-global": "local RoPE + global RoPE 1e6",
+    "irope": "chunked RoPE + global NoPE",
+    "irope-temp": "chunked RoPE + global NoPE, temperature",
 }
 
 
@@ -211,15 +232,126 @@ def window_for(name: str, n_layers: int, train_len: int) -> tuple[int | None, tu
     return plan(train_len), tuple(i for i in range(n_layers) if i not in nope)
 
 
+#: The RoPE base of the local layers of the chapter 13 hybrids (Gemma's ``rope_local_base_freq``)
+#: and of their global RoPE layers (Gemma 3's ``rope_theta``).
+LOCAL_BASE = 10_000.0
+GLOBAL_BASE = 1_000_000.0
+
+#: Llama 4's ``attn_scale``, the strength of its attention temperature.
+LLAMA4_ATTN_SCALE = 0.1
+
+
+def _local_extent(train_len: int) -> int:
+    # half the training length: Gemma 2's window (4096 of its 8192-token context), and
+    # rope-window-nope's, so that a local layer never sees a distance it was not trained on
+    return max(1, train_len // 2)
+
+
+def _gemma_plan(n_layers: int, train_len: int) -> tuple[LayerPosition, ...]:
+    # Gemma 2's layer_types: sliding when (i + 1) % 2, else full (Gemma 3: (i + 1) % 6)
+    w = _local_extent(train_len)
+    return tuple(LayerPosition("shared", window=w) if (i + 1) % 2 else LayerPosition("rope", base=GLOBAL_BASE)
+                 for i in range(n_layers))
+
+
+def _irope_plan(n_layers: int, train_len: int, temperature: bool) -> tuple[LayerPosition, ...]:
+    # Llama 4: no_rope_layers = int((i + 1) % interval != 0) (interval 4 there, 2 in the lab's
+    # 2-layer model, as rope-nope); the RoPE layers attend in chunks, the NoPE layers globally,
+    # with attn_temperature_tuning whose floor_scale equals the chunk (8192 both in its config)
+    c = _local_extent(train_len)
+    temp = AttentionTemperature("llama4", length=c, strength=LLAMA4_ATTN_SCALE) if temperature else None
+    nope = set(nope_every(n_layers, 2))
+    return tuple(LayerPosition("nope", temperature=temp) if i in nope else LayerPosition("shared", chunk=c)
+                 for i in range(n_layers))
+
+
+#: Built-in schemes with a per-layer position plan (``TinyDecoder(layers=...)``), as a function
+#: of the number of layers and the training length; the model's shared scheme (the factory's,
+#: RoPE base 1e4) serves the layers marked ``"shared"``. The local layers' window or chunk is
+#: half the training length.
+LAYER_PLANS: dict[str, Callable[[int, int], tuple[LayerPosition, ...]]] = {
+    "rope-local-global": _gemma_plan,
+    "irope": lambda n_layers, train_len: _irope_plan(n_layers, train_len, False),
+    "irope-temp": lambda n_layers, train_len: _irope_plan(n_layers, train_len, True),
+}
+
+
+def layer_plan_for(name: str, n_layers: int, train_len: int) -> tuple[LayerPosition, ...] | None:
+    """The ``layers`` of :class:`~companion.model.TinyDecoder` for the lab scheme ``name`` (see
+    :data:`LAYER_PLANS`), or ``None`` for a scheme without a per-layer plan."""
+    plan = LAYER_PLANS.get(name)
+    return None if plan is None else plan(n_layers, train_len)
+
+
+_ROPE_BASE = re.compile(r"rope-b([0-9]+(?:\.[0-9]+)?(?:e-?[0-9]+)?)")
+
+
+def rope_base_name(base: float) -> str:
+    """The lab scheme name of RoPE at ``base``: ``"rope"`` at 10000, else ``"rope-b<base>"``
+    with an integer base below ``1e5`` written in full (``rope-b100``, ``rope-b3000``) and any
+    other in the shortest ``<mantissa>e<exponent>`` form that gives it back (``rope-b1e5``,
+    ``rope-b5e5``, ``rope-b1.5e0``).
+
+    Raises:
+        TypeError: ``base`` not a real number.
+        ValueError: ``base`` not a finite number > 1.
+    """
+    b = check_base(base, "base")
+    if b == 10000.0:
+        return "rope"
+    if b == int(b) and b < 1e5:
+        return f"rope-b{int(b)}"
+    for digits in range(1, 18):
+        text = f"{b:.{digits - 1}e}"
+        if float(text) == b:
+            break
+    mantissa, exponent = text.split("e")
+    return f"rope-b{mantissa}e{int(exponent)}"
+
+
+def rope_base_of(name: object) -> float | None:
+    """The base of a ``rope-b<base>`` scheme name (10000 for ``"rope"``), or ``None`` for any
+    other name.
+
+    Raises:
+        ValueError: a ``rope-b`` name that is not the canonical spelling of its base
+            (:func:`rope_base_name`), naming the canonical one.
+    """
+    if name == "rope":
+        return 10000.0
+    if not isinstance(name, str) or not name.startswith("rope-b"):
+        return None
+    m = _ROPE_BASE.fullmatch(name)
+    base = float(m.group(1)) if m else None
+    if base is None or not math.isfinite(base) or base <= 1:
+        raise ValueError(f"scheme {name!r}: a RoPE base name is 'rope-b<base>' with a base > 1, e.g. 'rope-b100' or "
+                         f"'rope-b1e6'")
+    canonical = rope_base_name(base)
+    if canonical != name:
+        raise ValueError(f"scheme {name!r}: base {base:g} is spelt {canonical!r} (one name per base, so that its "
+                         f"checkpoints and results are found under one name)")
+    return base
+
+
+def _rope_at_base(base: float) -> Callable[[SchemeShape], PositionScheme]:
+    return lambda s: RotaryEmbedding(s["head_dim"], base=base)
+
+
 def scheme_label(name: str) -> str:
-    """The display name of a built-in scheme, or the class name of ``module:ClassName``."""
-    return LABELS.get(name, name.rsplit(":", 1)[-1])
+    """The display name of a built-in scheme (``"RoPE, base 1e+06"`` for ``rope-b1e6``), or the
+    class name of ``module:ClassName``."""
+    if name in LABELS:
+        return LABELS[name]
+    if isinstance(name, str) and name.startswith("rope-b"):
+        base = rope_base_of(name)
+        return f"RoPE, base {base:g}"
+    return name.rsplit(":", 1)[-1]
 
 
 def _check_scheme_name(name: object) -> str:
-    """Require a lab scheme name: a key of :data:`BUILTIN` or the form
-    ``"package.module:ClassName"`` (checked by its form only: nothing is imported). Returns
-    ``name``.
+    """Require a lab scheme name: a key of :data:`BUILTIN`, a RoPE base name ``rope-b<base>``
+    (:func:`rope_base_of`) or the form ``"package.module:ClassName"`` (checked by its form
+    only: nothing is imported). Returns ``name``.
 
     Raises:
         TypeError: ``name`` is not a string.
@@ -228,14 +360,14 @@ def _check_scheme_name(name: object) -> str:
     if not isinstance(name, str):
         raise TypeError(f"scheme must be a string (a built-in name or 'package.module:ClassName'), got "
                         f"{type(name).__name__} {name!r}")
-    if name in BUILTIN:
+    if name in BUILTIN or rope_base_of(name) is not None:
         return name
     module_name, colon, class_name = name.partition(":")
     if not (colon and module_name and all(part.isidentifier() for part in module_name.split("."))
             and class_name.isidentifier()):
         hint = f" (names are lower-case: did you mean {name.lower()!r}?)" if name.lower() in BUILTIN else ""
-        raise ValueError(f"scheme must be a built-in name {sorted(BUILTIN)} or 'package.module:ClassName', "
-                         f"got {name!r}{hint}")
+        raise ValueError(f"scheme must be a built-in name {sorted(BUILTIN)}, 'rope-b<base>' (RoPE at another base, "
+                         f"e.g. 'rope-b1e6') or 'package.module:ClassName', got {name!r}{hint}")
     return name
 
 
@@ -260,6 +392,8 @@ def build_scheme(name: str, *, d_model: int, n_heads: int, max_len: int, train_l
     ``d_model``, ``n_heads``, ``max_len`` and ``train_len`` are ints >= 1, with ``d_model`` a
     multiple of ``n_heads`` (each head gets ``d_model // n_heads`` dimensions).
 
+    A ``rope-b<base>`` name (``rope_base_name(base)``) builds RoPE at that base.
+
     Raises:
         TypeError: ``name`` not a string, or a size that is not an int.
         ValueError: an unknown name, a module that does not import, or a class that is not
@@ -278,6 +412,9 @@ def build_scheme(name: str, *, d_model: int, n_heads: int, max_len: int, train_l
                         max_len=max_len, train_len=train_len)
     if name in BUILTIN:
         return BUILTIN[name](shape)
+    base = rope_base_of(name)
+    if base is not None:
+        return _rope_at_base(base)(shape)
     cls = _import_class(name)
     params = inspect.signature(cls).parameters
     kwargs = {k: v for k, v in shape.items() if k in params}

@@ -34,7 +34,7 @@ from ..model import TinyDecoder
 from ..utils import provenance
 from .corpus import Corpus
 from .data import sample_batch
-from .schemes import _check_scheme_name, build_scheme, nope_layers_for, window_for
+from .schemes import _check_scheme_name, build_scheme, layer_plan_for, nope_layers_for, window_for
 
 __all__ = ["TrainConfig", "train", "build_model", "load_checkpoint", "lr_at", "DTYPES"]
 
@@ -50,8 +50,10 @@ class TrainConfig:
     rate of ``1e-2`` (``1e-3`` leaves models this small stuck near bigram statistics).
 
     Every field is checked where the config is made. ``scheme`` is a built-in name of
-    :data:`~companion.lab.schemes.BUILTIN` or ``"package.module:ClassName"`` (checked by its
-    form here; the class is imported when the model is built).
+    :data:`~companion.lab.schemes.BUILTIN`, a RoPE base name ``rope-b<base>`` (RoPE at another
+    base: the base is part of the scheme name, so it enters the checkpoint name) or
+    ``"package.module:ClassName"`` (checked by its form here; the class is imported when the
+    model is built).
 
     Raises:
         TypeError, ValueError: naming the field, what it got and what is allowed.
@@ -126,6 +128,10 @@ def build_model(cfg: TrainConfig) -> TinyDecoder:
     torch.manual_seed(cfg.seed)
     scheme = build_scheme(cfg.scheme, d_model=cfg.d_model, n_heads=cfg.n_heads,
                           max_len=cfg.max_len, train_len=cfg.seq_len)
+    plan = layer_plan_for(cfg.scheme, cfg.n_layers, cfg.seq_len)
+    if plan is not None:  # a per-layer position plan (chapter 13's hybrids)
+        model = TinyDecoder(256, cfg.d_model, cfg.n_heads, cfg.n_layers, scheme=scheme, layers=plan)
+        return model.to(DTYPES[cfg.dtype])
     window, window_layers = window_for(cfg.scheme, cfg.n_layers, cfg.seq_len)
     model = TinyDecoder(256, cfg.d_model, cfg.n_heads, cfg.n_layers, scheme=scheme,
                         nope_layers=nope_layers_for(cfg.scheme, cfg.n_layers), window=window,
