@@ -216,3 +216,91 @@ def test_nope_layers_drop_the_scheme_in_those_layers_only(scheme_name):
 def test_nope_layers_validation(bad, exc, pattern):
     with pytest.raises(exc, match=pattern):
         TinyDecoder(40, 32, 4, 3, nope_layers=bad)
+
+
+def test_named_style_keys_finds_whole_names_only():
+    from companion.plotting import named_style_keys
+
+    assert named_style_keys("RoPE") == ["rope"]
+    assert named_style_keys("p-RoPE, keep 0.75") == ["p-rope"]  # not also "rope"
+    assert named_style_keys("Dynamic NTK") == ["dynamic"]  # not also "ntk"
+    assert named_style_keys("NTK-aware, s = 4") == ["ntk"]
+    assert named_style_keys("T5, max_distance 32") == ["t5"]
+    assert named_style_keys("Transformer-XL") == ["xl"]
+    assert named_style_keys("RoPE vs ALiBi") == ["rope", "alibi"]
+    assert named_style_keys("plain RoPE") == ["none"]  # the baseline of the scaling methods
+    assert named_style_keys("yarn_no_temp") == ["yarn-no-temp"]  # "-" and "_" read as either
+    for unnamed in ("head 3", "pair i", "mixed precision", "none of them", "a CIFAR image", "d = 128"):
+        assert named_style_keys(unnamed) == [], unnamed
+    with pytest.raises(TypeError, match="label must be a string"):
+        named_style_keys(3)
+
+
+def test_every_alias_names_a_key_of_the_map():
+    from companion.plotting import METHOD_STYLES, SCHEME_COLORS, STYLE_ALIASES, named_style_keys, style_key_colour
+
+    assert set(STYLE_ALIASES) <= set(SCHEME_COLORS) | set(METHOD_STYLES)
+    assert not set(SCHEME_COLORS) & set(METHOD_STYLES)  # a key names one thing
+    for key, phrases in STYLE_ALIASES.items():
+        for phrase in phrases:
+            assert named_style_keys(phrase) == [key], phrase
+    assert style_key_colour("RoPE") == SCHEME_COLORS["rope"].lower()
+    assert style_key_colour("yarn") == METHOD_STYLES["yarn"]["color"].lower()
+    with pytest.raises(ValueError, match="unknown scheme or method 'xyz'"):
+        style_key_colour("xyz")
+
+
+def test_figure_styles_reads_what_matplotlib_draws():
+    """Lines, scatters, bars and figure-level legends, in the colours matplotlib draws them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    from companion.plotting import figure_styles, scheme_style
+
+    fig, (a, b) = plt.subplots(1, 2)
+    a.plot([0, 1], [0, 1], label="RoPE", **scheme_style("rope"))
+    a.plot([0, 1], [1, 0], "C1--", label="ALiBi")
+    a.plot([0, 1], [0, 0], label="_hidden")
+    b.scatter([0, 1], [0, 1], color="#123456", label="T5")
+    b.bar([0, 1], [1, 2], color="#abcdef", label="Shaw")
+    line = b.plot([0, 1], [2, 2], color="k")[0]
+    fig.legend([line], ["reference"])
+    styles = figure_styles(fig)
+    plt.close(fig)
+    assert {r["label"]: r["color"] for r in styles} == {
+        "RoPE": "#d55e00", "ALiBi": to_hex("C1"), "T5": "#123456", "Shaw": "#abcdef", "reference": "#000000"}
+    assert {r["label"]: (r["marker"], r["linestyle"]) for r in styles}["RoPE"] == ("X", "-")
+    with pytest.raises(TypeError, match="fig must be a matplotlib Figure"):
+        figure_styles("not a figure")
+
+
+def test_record_figure_styles_puts_the_styles_in_the_display_metadata():
+    """In an IPython shell with an image formatter for figures, displaying a figure returns
+    its styles as metadata; outside IPython the call does nothing."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.core.pylabtools import select_figure_formats
+
+    from companion.plotting import FIGURE_STYLES_KEY, record_figure_styles, scheme_color
+
+    assert record_figure_styles() is None  # no shell: nothing happens
+    shell = InteractiveShell.instance()
+    try:
+        select_figure_formats(shell, {"png"})
+        record_figure_styles()
+        record_figure_styles()  # idempotent
+        fig, ax = plt.subplots()
+        ax.plot([0, 1], [0, 1], color=scheme_color("alibi"), label="ALiBi")
+        data, metadata = shell.display_formatter.format(fig)
+        plt.close(fig)
+        assert "image/png" in data
+        assert metadata["image/png"][FIGURE_STYLES_KEY] == [
+            {"label": "ALiBi", "color": "#cc79a7", "marker": "None", "linestyle": "-"}]
+    finally:
+        InteractiveShell.clear_instance()
