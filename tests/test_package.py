@@ -175,3 +175,29 @@ def test_api_page_bring_your_own_scheme_example(tmp_path, monkeypatch):
     assert type(trained.scheme).__name__ == "DistanceBias" and record["log"][-1]["step"] == 1
     # the commands the page gives use the same name
     assert "--schemes rope alibi myenc:DistanceBias --quick" in section
+
+
+def _map_rows(text: str) -> dict[str, tuple[frozenset[str], frozenset[str]]]:
+    """hook -> (schemes, chapters) of a markdown table with columns hook | ... | schemes | chapter."""
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and (cells[0].startswith("`") or cells[0] == "—"):
+            rows[cells[0].strip("`")] = (frozenset(n.strip() for n in cells[2].split(",")),
+                                         frozenset(c.strip() for c in cells[3].split(",")))
+    return rows
+
+
+def test_chapter_one_map_agrees_with_the_intro_map():
+    """Chapter 1 computes the map of hooks from the package (its glued table ``hook_map``); the
+    intro types it. Both name the same schemes under each hook, and the same chapters."""
+    import nbformat
+
+    nb = nbformat.read(ROOT / "chapters" / "01_why_position.ipynb", as_version=4)
+    glued = [o["data"]["text/markdown"] for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+             if o.get("metadata", {}).get("scrapbook", {}).get("name") == "hook_map"]
+    assert len(glued) == 1, "chapter 1 must glue exactly one 'hook_map'"
+    chapter_one = _map_rows(glued[0])
+    intro = _map_rows((ROOT / "book" / "intro.md").read_text())
+    assert set(chapter_one) == set(companion.HOOKS) | {"—"}
+    assert chapter_one == intro

@@ -2,7 +2,10 @@
 
 DESIGN.md section 4, "Portable outputs": rounding-level quantities print the bound they meet,
 experiment results are glued at the precision the prose shows, and the few cells whose output
-is not compared say why on the marker's own line. These tests read the committed notebooks
+is not compared say why. Such a cell carries nbval's tag (``nbval-ignore-output``,
+``nbval-skip`` or ``nbval-raises-exception``, out of the reader's sight) and states its reason
+in its metadata, ``"nbval-reason"``; a page not yet moved to tags may still carry the old
+comment marker, with the reason on the marker's own line. These tests read the committed notebooks
 (no execution), so they are cheap; ``make test-portable`` is what re-runs them under other
 numeric configurations.
 """
@@ -42,6 +45,23 @@ def code_cells(path: Path) -> list[tuple[int, str, list]]:
     return [(i, c.source, c.get("outputs", [])) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
 
 
+#: nbval's cell tags (nbval/plugin.py: its comment markers, lower case with dashes, and
+#: ``raises-exception``) that turn a check off or change it.
+NBVAL_TAGS = {"nbval-ignore-output", "nbval-check-output", "nbval-skip", "nbval-raises-exception",
+              "raises-exception", "pytest-validate-ignore-output"}
+
+
+def tagged_cells(path: Path) -> dict[int, tuple[set[str], dict]]:
+    """Index -> (nbval tags, metadata) of every code cell that carries an nbval tag."""
+    nb = nbformat.read(path, as_version=4)
+    found = {}
+    for i, c in enumerate(nb.cells):
+        tags = set(c.get("metadata", {}).get("tags", [])) & NBVAL_TAGS
+        if c.cell_type == "code" and tags:
+            found[i] = (tags, c.metadata)
+    return found
+
+
 def marker_lines(source: str) -> list[str]:
     """Every comment line that mentions an nbval marker (well formed or not)."""
     return [line.strip() for line in source.splitlines() if line.strip().startswith("#") and "NBVAL_" in line]
@@ -63,6 +83,21 @@ def test_every_nbval_marker_gives_a_reason(path):
             except ValueError:
                 bare.append((index, line))
     assert not bare, f"{path.name}: NBVAL markers without a reason (cell, line): {bare}"
+
+
+def test_our_tags_are_the_ones_nbval_reads():
+    import nbval.plugin as nbval_plugin
+
+    assert NBVAL_TAGS == set(nbval_plugin.metadata_tags)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_nbval_tag_gives_its_reason(path):
+    """A tag that turns a check off says why, in the cell's metadata: ``nbval-reason``, in at
+    least two words (the tag itself is out of the reader's sight, and so is the reason)."""
+    bare = [i for i, (_, meta) in tagged_cells(path).items()
+            if len(str(meta.get("nbval-reason", "")).split()) < 2]
+    assert not bare, f"{path.name}: cells {bare} carry an nbval tag without an 'nbval-reason'"
 
 
 @pytest.mark.parametrize(
@@ -94,8 +129,9 @@ def _short_binary(value: float) -> bool:
 
 
 def _glued_floats(path: Path):
+    not_compared = tagged_cells(path)
     for index, source, outputs in code_cells(path):
-        if marker_lines(source):
+        if marker_lines(source) or index in not_compared:
             continue  # not compared by nbval
         for out in outputs:
             name = out.get("metadata", {}).get("scrapbook", {}).get("name")
