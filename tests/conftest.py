@@ -22,3 +22,24 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "companion"))
 
 torch.set_num_threads(1)  # tests run in parallel under pytest-xdist
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf():
+    """SmolLM2-135M's GGUF read and dequantized once per test process: ``(config, weights,
+    fields, tokenizer)``. Shared by every module that runs the real model; tests must not modify
+    the weight tensors in place (build a model from them, or copy)."""
+    from companion import llama, pretrained
+
+    config, weights, fields = llama.read_gguf(pretrained.smollm2_gguf_path())
+    return config, weights, fields, llama.gguf_tokenizer(fields)
+
+
+@pytest.fixture(scope="session")
+def smollm2_weights64(smollm2_gguf):
+    """Float64 copies of SmolLM2's weights, made once per test process: the reference models of
+    the rounding bounds are built from them."""
+    return {k: v.double() for k, v in smollm2_gguf[1].items()}

