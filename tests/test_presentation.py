@@ -50,7 +50,6 @@ CHAPTERS_AND_APPENDICES = [p for p in NOTEBOOKS if p.parent.name == "chapters" o
 #: appendices removes them one by one; when the set is empty, every page follows every rule.
 PENDING: set[str] = {
     "08_extrapolation.ipynb",
-    "09_rope_scaling.ipynb",
     "10_pretrained_llm.ipynb",
     "11_newer_encodings.ipynb",
     "12_grids.ipynb",

@@ -65,7 +65,8 @@ def to_md(nb: nbformat.NotebookNode) -> str:
     for cell in nb.cells:
         if cell.cell_type == "code":
             meta = "".join(f":{k}: [{', '.join(v)}]\n" if isinstance(v, list) else f":{k}: {v}\n"
-                           for k, v in cell.metadata.items() if k == "tags")
+                           for k, v in cell.metadata.items()
+                           if k == "tags" or (isinstance(v, str) and "\n" not in v and ":" not in k))
             parts.append(f"```{{code-cell}} ipython3\n{meta}{chr(10) if meta else ''}{cell.source}\n```")
         else:
             parts.append(cell.source)

@@ -9,9 +9,10 @@ Examples::
     # chapter 8's sweep, stored in parts (one file per command) that load_sweep merges; one part:
     python -m companion.lab sweep --schemes rope alibi --seeds 0 1 2 3 4 --workers 2 \
         --out chapters/data/08_sweep/rope-alibi.json
-    # chapter 9: every RoPE scaling method at 2x, 4x, 8x, without and with a short fine-tune
-    python -m companion.lab extend --seeds 0 1 --factors 2 4 8 --finetune-steps 0 200 \
-        --out chapters/data/09_extension.csv --json chapters/data/09_extension.json
+    # chapter 9: every RoPE scaling method at 2x, 4x, 8x without fine-tuning (the run's first
+    # part; its fine-tuned parts are other extend commands into the same folder)
+    python -m companion.lab extend --seeds 0 1 2 3 4 --factors 2 4 8 --finetune-steps 0 \
+        --out chapters/data/09_extension/1-as-is.csv --json chapters/data/09_extension/1-as-is.json
     # chapter 11: training-free extension (ReRoPE, Self-Extend, attention sinks) of the RoPE models
     python -m companion.lab trainfree --seeds 0 1 --out chapters/data/11_trainfree_lab.json
     # your own encoding beside the baselines: a smoke run of about a minute first, then the sweep
