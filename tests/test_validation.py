@@ -542,7 +542,8 @@ def test_every_public_callable_is_covered():
     }
     elsewhere = {  # tested in test_rope.py, test_scaling.py, test_model_utils.py, test_absolute.py, test_relative.py,
         # and chapter 11's test_rope_variants.py, test_learned_bias.py, test_cope.py, and
-        # chapter 12's test_grid.py
+        # chapter 12's test_grid.py, and the fused bias kernel's test_fused_bias.py
+        "fused_bias_attention",
         "CoPE", "FIRE", "KerpleBias", "PRoPE", "XPos",
         "GRID_SCHEMES", "AxialRoPE", "LearnedGridEmbedding", "MixedRoPE", "MRoPE", "Sinusoidal2DEmbedding",
         "axial_rope_frequencies", "grid_positions", "grid_rope_angles", "mrope_axis_of_pair", "mrope_cos_sin",
