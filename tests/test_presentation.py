@@ -54,7 +54,6 @@ PENDING: set[str] = {
     "11_newer_encodings.ipynb",
     "appendix_a_claims.ipynb",
     "appendix_b_choosing.ipynb",
-    "huggingface.ipynb",
 }
 
 #: The sections that introduce a method, by the start of their "## " heading. Each must open
