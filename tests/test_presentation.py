@@ -52,7 +52,6 @@ PENDING: set[str] = {
     "08_extrapolation.ipynb",
     "10_pretrained_llm.ipynb",
     "11_newer_encodings.ipynb",
-    "appendix_b_choosing.ipynb",
 }
 
 #: The sections that introduce a method, by the start of their "## " heading. Each must open
