@@ -51,7 +51,6 @@ CHAPTERS_AND_APPENDICES = [p for p in NOTEBOOKS if p.parent.name == "chapters" o
 PENDING: set[str] = {
     "08_extrapolation.ipynb",
     "10_pretrained_llm.ipynb",
-    "11_newer_encodings.ipynb",
 }
 
 #: The sections that introduce a method, by the start of their "## " heading. Each must open
