@@ -48,9 +48,7 @@ CHAPTERS_AND_APPENDICES = [p for p in NOTEBOOKS if p.parent.name == "chapters" o
 
 #: Pages not yet rewritten to these rules. The lead's rewrite of chapters 8-12 and of the
 #: appendices removes them one by one; when the set is empty, every page follows every rule.
-PENDING: set[str] = {
-    "10_pretrained_llm.ipynb",
-}
+PENDING: set[str] = set()
 
 #: The sections that introduce a method, by the start of their "## " heading. Each must open
 #: with its picture.
