@@ -284,7 +284,7 @@ def _crossover(modes: tuple[str, ...]) -> int:
 #: the module docstring).
 SDPA_BIAS_PAIRS = _crossover(("forward", "backward")) ** 2
 
-#: The same limit for a bias with a gradient (T5's table): the square of a measured length.
+#: The same limit for a bias with a gradient (T5's table), the square of a measured length.
 SDPA_GRAD_BIAS_PAIRS = _crossover(("bias-grad",)) ** 2
 
 
@@ -550,8 +550,9 @@ def attention_path(
     of the module docstring; computes no attention.
 
     Args:
-        q, k, v, scheme, q_pos, k_pos, causal, attn_mask, scale, return_weights, window,
-            chunk: as in :func:`fast_attention`.
+        q: and every other argument (``k``, ``v``, ``scheme``, ``q_pos``, ``k_pos``,
+            ``causal``, ``attn_mask``, ``scale``, ``return_weights``, ``window``, ``chunk``):
+            as in :func:`fast_attention`.
 
     Returns:
         ``"sdpa-causal"``, ``"sdpa-mask"``, ``"sdpa-bias"``, ``"blockwise"``,

@@ -81,7 +81,7 @@ __all__ = [
     "ROPE_LAYERS",
 ]
 
-#: The method name of the baseline rows: plain RoPE, a sliding context of ``T`` tokens.
+#: The method name of the baseline rows, plain RoPE with a sliding context of ``T`` tokens.
 SLIDING = "sliding"
 #: The lab corpus's splits a document may come from (``"all"``: both).
 SPLITS = ("val", "train", "all")

@@ -78,7 +78,7 @@ __all__ = [
     "passkey_summary",
 ]
 
-#: The prompt formats: Mohtashami and Jaggi's base-model prompt, and chapter 10's chat prompt.
+#: The prompt formats, Mohtashami and Jaggi's base-model prompt and chapter 10's chat prompt.
 FORMATS: tuple[str, ...] = ("classic", "chat")
 #: The classic prompt's first line (Mohtashami and Jaggi's ``task_description``).
 TASK = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "

@@ -107,7 +107,7 @@ _STYLE: dict[str, Any] = {
 
 def use_book_style() -> None:
     """Apply the book's rcParams (idempotent) and, inside an IPython kernel, record the legend
-    styles of every figure it displays (:func:`record_figure_styles`)."""
+    styles of every figure it displays (``record_figure_styles``)."""
     import matplotlib as mpl
 
     mpl.rcParams.update(_STYLE)
