@@ -167,6 +167,21 @@ def mark_quick_csv(path: str | os.PathLike[str]) -> None:
         f.write(prefix + json.dumps(prov, sort_keys=False) + end + rest)
 
 
+def save_rows(out: str | os.PathLike[str], json_path: str | os.PathLike[str] | None, result: dict,
+              fields: Sequence[str], *, command: str, quick: bool) -> None:
+    """Store a run's ``result["rows"]`` as the CSV ``out`` (:func:`companion.utils.save_csv`)
+    and, with ``json_path``, the rest of ``result`` as a JSON sidecar
+    (:func:`companion.utils.save_result`); after ``--quick`` both record ``"quick": true``."""
+    from .utils import save_csv, save_result
+
+    save_csv(out, result["rows"], fields, command=command)
+    if quick:
+        mark_quick_csv(out)
+    if json_path:
+        side = {k: v for k, v in result.items() if k != "rows"}
+        save_result(json_path, {**side, "quick": True} if quick else side, command=command)
+
+
 def say(quiet: bool):  # noqa: ANN201 - a callable taking a string
     """A progress printer for a command line: each message a line on stderr, or nothing with
     ``quiet`` (``--quiet``). Results go to stdout; progress never does."""

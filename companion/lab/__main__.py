@@ -43,8 +43,8 @@ import torch.distributed as dist
 
 from .._checks import check_finite_number, check_positive_int
 from .._cli import (QUICK_HELP, SMOKE_RUN, apply_quick, as_flags, check_distinct, check_existing_file,
-                    check_file_target, check_folder_target, check_seeds, mark_quick_csv, preset_text, usage_errors)
-from ..utils import save_csv, save_result
+                    check_file_target, check_folder_target, check_seeds, preset_text, save_rows, usage_errors)
+from ..utils import save_result
 from .corpus import load_corpus
 from .evaluate import BLOCKS
 from .extend import (CSV_FIELDS, METHODS, ExtendConfig, check_extend_config, job_lengths, plan_jobs, run_extension,
@@ -454,12 +454,7 @@ def main(argv: list[str] | None = None) -> int:
                                extra_steps=ns.extra_steps, extra_factors=c["extra_factors"],
                                extra_methods=ns.extra_methods, workers=ns.workers,
                                cache_dir=str(Path(ns.checkpoint_dir) / "extend"))
-        save_csv(ns.out, result["rows"], CSV_FIELDS, command=command)
-        if quick:
-            mark_quick_csv(ns.out)
-        if ns.json:
-            side = {k: v for k, v in result.items() if k != "rows"}
-            save_result(ns.json, {**side, "quick": True} if quick else side, command=command)
+        save_rows(ns.out, ns.json, result, CSV_FIELDS, command=command, quick=quick)
         print(f"extend: {len(result['rows'])} rows in {result['wall_seconds']:.0f} s -> {ns.out}")
         if quick:
             print(f"{SMOKE_RUN}: {ns.out} records \"quick\": true in its provenance")

@@ -50,10 +50,10 @@ from typing import Any
 import torch
 
 from .._checks import check_finite_number, check_positive_int
-from .._cli import SMOKE_RUN, apply_quick, check_distinct, check_seeds, mark_quick_csv, usage_errors
+from .._cli import SMOKE_RUN, apply_quick, check_distinct, check_seeds, save_rows, usage_errors
 from ..model import AttentionTemperature, NoPE
 from ..recipe import critical_dimension, extrapolation_bound, longest_context, longrope_logit_scale, yarn_logit_scale
-from ..utils import save_csv, save_result
+from ..utils import save_result
 from .corpus import load_corpus
 from .evaluate import attention_entropy, bits_per_byte
 from .extend import CSV_FIELDS, ExtendConfig, _cached, _job_name, check_extend_config, extension_job, job_lengths, train_missing
@@ -408,12 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         paths = [str(checkpoint_path(ns.checkpoint_dir, c)) for c in configs]
         train_missing(configs, paths, workers=ns.workers)
         result = run_bases(paths, ns.factor, ns.finetune_steps, ev, workers=ns.workers, cache_dir=cache)
-        save_csv(ns.out, result["rows"], BASES_CSV_FIELDS, command=command)
-        if quick:
-            mark_quick_csv(ns.out)
-        if ns.json:
-            side = {k: v for k, v in result.items() if k != "rows"}
-            save_result(ns.json, {**side, "quick": True} if quick else side, command=command)
+        save_rows(ns.out, ns.json, result, BASES_CSV_FIELDS, command=command, quick=quick)
         print(f"bases: {len(result['rows'])} rows in {result['wall_seconds']:.0f} s -> {ns.out}")
     else:
         configs = _check_temperature(p, ns)
