@@ -161,6 +161,8 @@ STYLE_ALIASES: dict[str, tuple[str, ...]] = {
     "kerple-log": ("Kerple (log)", "Kerple log"),
     "kerple-power": ("Kerple (power)", "Kerple power"),
     "rope-nope": ("RoPE + NoPE", "RoPE/NoPE"),
+    "rope-window-nope": ("windowed RoPE + global NoPE", "windowed RoPE"),
+    "p-rope-0.375": ("p-RoPE (p = 3/8)",),
     "sincos-2d": ("2-D sin-cos", "2-D sinusoidal"),
     "learned-2d": ("2-D learned",),
     "pi": ("position interpolation",),

@@ -224,6 +224,10 @@ def test_named_style_keys_finds_whole_names_only():
     assert named_style_keys("RoPE") == ["rope"]
     assert named_style_keys("p-RoPE, keep 0.75") == ["p-rope"]  # not also "rope"
     assert named_style_keys("Dynamic NTK") == ["dynamic"]  # not also "ntk"
+    # chapter 11's controls: each label names its own scheme, not the one inside it
+    assert named_style_keys("p-RoPE (p = 3/8)") == ["p-rope-0.375"]
+    assert named_style_keys("p-RoPE (p = 3/4)") == ["p-rope"]
+    assert named_style_keys("windowed RoPE + global NoPE") == ["rope-window-nope"]
     assert named_style_keys("NTK-aware, s = 4") == ["ntk"]
     assert named_style_keys("T5, max_distance 32") == ["t5"]
     assert named_style_keys("Transformer-XL") == ["xl"]
