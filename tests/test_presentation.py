@@ -24,9 +24,7 @@ every notebook of the book):
   bookkeeping. No visible output prints a column of ``True`` (two lines in a row ending in
   ``True`` or ``False``), and no visible output line is longer than 77 characters.
 
-Pages that the lead's rewrite of chapters 8 to 12 and the appendices has not reached yet are
-listed in ``PENDING``, the one place that excuses a page from these rules (and from the
-rendered-page check in ``tests/browser/test_site.py``); their tests are expected failures.
+Every chapter and appendix follows every rule; no page is excused.
 """
 
 from __future__ import annotations
@@ -45,10 +43,6 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb")) + sorted((ROOT / "book").glob("*.ipynb"))
 #: The pages the picture-first rule covers: every chapter and appendix.
 CHAPTERS_AND_APPENDICES = [p for p in NOTEBOOKS if p.parent.name == "chapters" or p.name.startswith("appendix_")]
-
-#: Pages not yet rewritten to these rules. The lead's rewrite of chapters 8-12 and of the
-#: appendices removes them one by one; when the set is empty, every page follows every rule.
-PENDING: set[str] = set()
 
 #: The sections that introduce a method, by the start of their "## " heading. Each must open
 #: with its picture.
@@ -70,10 +64,9 @@ BOOKKEEPING = re.compile(r"\btargets_met\b|\bacceptance\b|NBVAL")
 FIGURE_CODE = re.compile(r"\bplt\.(?:subplots|figure|subplot)\(")
 
 
-def _pending(paths):
-    """Parametrize over pages; those in PENDING are expected to fail."""
-    marks = pytest.mark.xfail(reason="pending: the lead's rewrite of this page", strict=False)
-    return [pytest.param(p, id=p.name, marks=marks if p.name in PENDING else ()) for p in paths]
+def _pages(paths):
+    """Parametrize over pages, each named by its file."""
+    return [pytest.param(p, id=p.name) for p in paths]
 
 
 def tags(cell) -> set[str]:
@@ -130,7 +123,7 @@ def first(found, kind):
     return next((i for i, (k, _, _) in enumerate(found) if k == kind), None)
 
 
-@pytest.mark.parametrize("path", _pending(CHAPTERS_AND_APPENDICES))
+@pytest.mark.parametrize("path", _pages(CHAPTERS_AND_APPENDICES))
 def test_first_figure_comes_before_the_first_display_formula(path):
     found = events(path)
     figure, formula = first(found, "figure"), first(found, "formula")
@@ -142,9 +135,7 @@ def test_first_figure_comes_before_the_first_display_formula(path):
             f"first figure ({'none' if figure is None else 'cell ' + str(found[figure][2])})")
 
 
-METHOD_CASES = [pytest.param(name, start, id=f"{name}-{start}",
-                             marks=pytest.mark.xfail(reason="pending: the lead's rewrite", strict=False)
-                             if name in PENDING else ())
+METHOD_CASES = [pytest.param(name, start, id=f"{name}-{start}")
                 for name, starts in METHOD_SECTIONS.items() for start in starts]
 
 
@@ -213,7 +204,7 @@ def colour_errors(records) -> list[str]:
     return errors
 
 
-@pytest.mark.parametrize("path", _pending(NOTEBOOKS))
+@pytest.mark.parametrize("path", _pages(NOTEBOOKS))
 def test_figures_draw_named_schemes_in_the_map_colours(path):
     problems = []
     for index, styles in figure_records(path):
@@ -240,7 +231,7 @@ def test_the_colour_check_catches_hard_coded_colours():
     assert colour_errors([record("head 3", "#123456")]) == []
 
 
-@pytest.mark.parametrize("path", _pending(NOTEBOOKS))
+@pytest.mark.parametrize("path", _pages(NOTEBOOKS))
 def test_no_nbval_comment_in_any_cell(path):
     nb = nbformat.read(path, as_version=4)
     hits = [(i, line.strip()) for i, c in enumerate(nb.cells) if c.cell_type == "code"
@@ -281,7 +272,7 @@ def output_problems(cell) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("path", _pending(NOTEBOOKS))
+@pytest.mark.parametrize("path", _pages(NOTEBOOKS))
 def test_visible_cells_show_the_idea_not_the_scaffolding(path):
     nb = nbformat.read(path, as_version=4)
     report = [f"cell {i}: {p}" for i, c in enumerate(nb.cells) for p in cell_problems(c) + output_problems(c)]
@@ -308,7 +299,3 @@ def test_the_cell_rules_themselves(source, problem):
 ])
 def test_the_column_rule_itself(text, flagged):
     assert bool(COLUMN_OF_TRUE.search(text)) is flagged
-
-
-def test_pending_pages_exist():
-    assert PENDING <= {p.name for p in NOTEBOOKS}

@@ -6,9 +6,7 @@ articles are cited as the sources they are (``book/references.bib``), their clai
 the book's own words. Nor does the prose talk about the machinery that checks the book (issue
 33): ``make test``, the test suite, CI, nbval's markers, the load of the machine that ran it, or
 which outputs are "not checked". The pages on running the book and on the package may name
-them (``CHECKS_MAY_BE_NAMED``); pages the lead's rewrite has not reached yet are pending
-(``tests/test_presentation.py``'s ``PENDING``). This test reads the markdown of every chapter
-and book page.
+them (``CHECKS_MAY_BE_NAMED``). This test reads the markdown of every chapter and book page.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from test_presentation import PENDING
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +54,7 @@ def pages() -> dict[str, str]:
 @pytest.mark.parametrize("kind", sorted(SCAFFOLDING))
 def test_no_scaffolding_in_the_prose(kind):
     pattern = re.compile(SCAFFOLDING[kind], 0 if kind in ISSUE_33_KINDS else re.I)
-    excused = CHECKS_MAY_BE_NAMED | PENDING if kind in ISSUE_33_KINDS else set()
+    excused = CHECKS_MAY_BE_NAMED if kind in ISSUE_33_KINDS else set()
     hits = [
         (name, text[max(m.start() - 40, 0):m.end() + 40].replace("\n", " "))
         for name, text in pages().items() if name not in excused

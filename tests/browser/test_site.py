@@ -23,8 +23,7 @@ except under ``CI=true`` where it must run.
 One check needs no browser: it reads the built HTML of every chapter and appendix and requires
 that the page does not name the machinery that checks the book (``make test``, NBVAL, CI, the
 test suite) and that no code cell's output block prints a column of True or False (issue 33;
-the rules for the notebooks themselves are in ``tests/test_presentation.py``, whose
-``PENDING`` lists the pages not rewritten yet).
+the rules for the notebooks themselves are in ``tests/test_presentation.py``).
 """
 
 from __future__ import annotations
@@ -279,7 +278,7 @@ def test_pages_include_home_and_chapter_one():
 # collapsed cells included, and the text of each code cell's output block.
 
 sys.path.insert(0, str(ROOT / "tests"))  # the book-wide rules: tests/test_presentation.py
-from test_presentation import COLUMN_OF_TRUE, PENDING  # noqa: E402
+from test_presentation import COLUMN_OF_TRUE  # noqa: E402
 
 _SCAFFOLDING_ON_PAGE = re.compile(r"make test|NBVAL|\bin CI\b|test suite")
 
@@ -332,16 +331,10 @@ def _page_problems(source: str) -> list[str]:
     return problems
 
 
-def _pending_page(page_path: str) -> bool:
-    return Path(page_path).with_suffix(".ipynb").name in PENDING
-
-
 READER_PAGES = [p for p in PAGES if p.startswith("chapters/") or p.startswith("book/appendix_")]
 
 
-@pytest.mark.parametrize("page_path", [
-    pytest.param(p, marks=pytest.mark.xfail(reason="pending: the lead's rewrite of this page", strict=False)
-                 if _pending_page(p) else ()) for p in READER_PAGES])
+@pytest.mark.parametrize("page_path", READER_PAGES)
 def test_rendered_pages_show_no_scaffolding(page_path):
     """No chapter or appendix page, as built, names `make test`, NBVAL, CI or the test suite, or
     shows a column of True (the pages on running the book and on the package may name them)."""
