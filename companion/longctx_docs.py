@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import numbers
 import sysconfig
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -75,6 +76,7 @@ __all__ = [
     "method_nll",
     "same_token_rows",
     "context_value",
+    "far_repeats",
     "SAME_TOKEN_FIELDS",
     "SLIDING",
     "SPLITS",
@@ -536,6 +538,45 @@ def _json(value: Any) -> str:
     import json
 
     return json.dumps(value, sort_keys=True)
+
+
+def far_repeats(ids: Sequence[int], context: int, lo: int, hi: int, *, n: int = 8) -> np.ndarray:
+    """Which targets ``t`` in ``[lo, hi)`` only a reader of more than ``context`` tokens can copy.
+
+    Target ``t`` is a *far repeat* when the ``n``-gram ``ids[t - n + 1 : t + 1]`` (the target
+    and the ``n - 1`` tokens before it) occurred earlier, ending more than ``context`` tokens
+    before ``t`` (at some ``e < t - context``), and nowhere in the last ``context`` tokens
+    (no occurrence ending in ``[t - context, t)``). A model with a sliding window of
+    ``context`` tokens sees the ``n - 1`` tokens before ``t`` but not the earlier passage that
+    continued them with ``t``; a model that reads the whole document can copy it. This is
+    where the value of the far context (:func:`context_value`) should come from. Returns a
+    boolean array of length ``hi - lo``. Pure token arithmetic, no model: a dictionary of
+    each ``n``-gram's end positions, so linear in ``hi`` on average.
+
+    Raises:
+        TypeError: integer arguments of another type, or ``ids`` not a sequence of ints.
+        ValueError: ``context < 1``, ``n < 1``, or not ``n - 1 <= lo < hi <= len(ids)``.
+    """
+    if isinstance(ids, (str, bytes)) or not all(isinstance(i, numbers.Integral) and not isinstance(i, bool)
+                                                for i in ids):
+        raise TypeError("ids must be a sequence of int token ids")
+    ids = [int(i) for i in ids]
+    context = check_positive_int(context, "context")
+    n = check_positive_int(n, "n")
+    lo = check_positive_int(lo, "lo", minimum=0)
+    hi = check_positive_int(hi, "hi", minimum=0)
+    if not n - 1 <= lo < hi <= len(ids):
+        raise ValueError(f"lo and hi must satisfy n - 1 = {n - 1} <= lo < hi <= {len(ids)} (the length of ids), "
+                         f"got lo {lo}, hi {hi}")
+    ends: dict[tuple[int, ...], list[int]] = {}
+    out = np.zeros(hi - lo, dtype=bool)
+    for e in range(n - 1, hi):
+        gram = tuple(ids[e - n + 1:e + 1])
+        seen = ends.setdefault(gram, [])
+        if e >= lo and seen:
+            out[e - lo] = seen[-1] < e - context  # the latest earlier occurrence is out of reach
+        seen.append(e)
+    return out
 
 
 # ----------------------------------------------------------------------------- statistics

@@ -380,3 +380,52 @@ def test_context_value_is_the_two_stage_paired_bootstrap():
     with pytest.raises(ValueError, match=r"row\['nll_sum'\] must be a float, got 'x'"):
         ld.context_value([dict(rows[0], nll_sum="x")] + rows[1:], "sliding", T)
 
+
+
+def _far_repeats_brute(ids, context, lo, hi, n):
+    out = []
+    for t in range(lo, hi):
+        gram = ids[t - n + 1:t + 1]
+        ends = [e for e in range(n - 1, t) if ids[e - n + 1:e + 1] == gram]
+        out.append(bool(ends) and all(e < t - context for e in ends))
+    return np.array(out, dtype=bool)
+
+
+def test_far_repeats_marks_what_only_a_long_reader_can_copy():
+    # a passage, filler longer than the window, the passage again: its repeat is far
+    passage, filler = list(range(100, 120)), [7, 8, 9] * 20
+    ids = passage + filler + passage
+    far = ld.far_repeats(ids, 40, 3, len(ids), n=4)
+    second = len(passage) + len(filler)
+    # the first n - 1 tokens of the repeat end n-grams that straddle filler and passage: new
+    assert not far[:second - 3].any() and not far[second - 3:second - 3 + 3].any()
+    assert far[second - 3 + 3:].all()  # every later token of the repeat continues a far n-gram
+    # within reach of the window, the same repeat is near, not far
+    assert not ld.far_repeats(ids, 80, 3, len(ids), n=4).any()
+    # the filler repeats itself every 3 tokens: near, never far
+    assert not far[len(passage):second - 3].any()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_far_repeats_against_a_brute_force_search(seed):
+    rng = np.random.default_rng(seed)
+    ids = [int(x) for x in rng.integers(0, 3, size=120)]  # a small alphabet: many repeats
+    for context, n in ((5, 2), (20, 3), (40, 4)):
+        got = ld.far_repeats(ids, context, n - 1 + 7, 120, n=n)
+        assert np.array_equal(got, _far_repeats_brute(ids, context, n - 1 + 7, 120, n)), (context, n)
+
+
+def test_far_repeats_rejects_bad_input():
+    ids = list(range(10))
+    with pytest.raises(ValueError, match="lo and hi must satisfy"):
+        ld.far_repeats(ids, 4, 0, 10, n=3)          # lo < n - 1
+    with pytest.raises(ValueError, match="lo and hi must satisfy"):
+        ld.far_repeats(ids, 4, 5, 11)               # hi beyond ids
+    with pytest.raises(ValueError, match="context"):
+        ld.far_repeats(ids, 0, 8, 10)
+    with pytest.raises(ValueError, match="n "):
+        ld.far_repeats(ids, 4, 8, 10, n=0)
+    with pytest.raises(TypeError, match="ids must be a sequence of int"):
+        ld.far_repeats("abcdefghij", 4, 8, 10)
+    with pytest.raises(TypeError, match="ids must be a sequence of int"):
+        ld.far_repeats([1.0] * 10, 4, 8, 10)

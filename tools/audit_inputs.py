@@ -2877,6 +2877,14 @@ def longctx_measure_cases() -> None:
     rows = ST(model, doc, 8, ["none"], block=2, bucket=4)
     good("longctx_docs", "context_value over one document", lambda: LD.context_value(rows, "none", 8, resamples=200)["buckets"], lambda: 2)
     bad("longctx_docs", "context_value a method without rows", lambda: LD.context_value(rows, "yarn", 8), "yarn")
+    rep = [5, 6, 7, 8] + [1, 2] * 10 + [5, 6, 7, 8]
+    good("longctx_docs", "far_repeats finds the repeat beyond the window",
+         lambda: LD.far_repeats(rep, 10, 24, 28, n=3).tolist(), lambda: [False, False, True, True])  # by hand
+    bad("longctx_docs", "far_repeats lo before the first n-gram", lambda: LD.far_repeats(rep, 10, 0, 28, n=3), ("lo", "hi"))
+    bad("longctx_docs", "far_repeats hi past the end", lambda: LD.far_repeats(rep, 10, 24, 29), ("lo", "hi"))
+    bad("longctx_docs", "far_repeats context 0", lambda: LD.far_repeats(rep, 0, 24, 28), "context")
+    bad("longctx_docs", "far_repeats n 0", lambda: LD.far_repeats(rep, 10, 24, 28, n=0), "n")
+    bad("longctx_docs", "far_repeats text for ids", lambda: LD.far_repeats("abcd" * 7, 10, 24, 28), "ids")
     bad("longctx_docs", "context_value rows without nll_sum", lambda: LD.context_value([{k: v for k, v in r.items() if k != "nll_sum"} for r in rows], "none", 8), "nll_sum")
     good("longctx_docs", "the constants", lambda: (LD.SAME_TOKEN_FIELDS[0], LD.SPLITS, LD.ROPE_LAYERS), lambda: ("model", ("val", "train", "all"), ("global", "all")))
 
