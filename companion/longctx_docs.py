@@ -551,7 +551,7 @@ def far_repeats(ids: Sequence[int], context: int, lo: int, hi: int, *, n: int = 
     continued them with ``t``; a model that reads the whole document can copy it. This is
     where the value of the far context (:func:`context_value`) should come from. Returns a
     boolean array of length ``hi - lo``. Pure token arithmetic, no model: a dictionary of
-    each ``n``-gram's end positions, so linear in ``hi`` on average.
+    each ``n``-gram's latest end position, so linear in ``hi`` on average.
 
     Raises:
         TypeError: integer arguments of another type, or ``ids`` not a sequence of ints.
@@ -568,14 +568,14 @@ def far_repeats(ids: Sequence[int], context: int, lo: int, hi: int, *, n: int = 
     if not n - 1 <= lo < hi <= len(ids):
         raise ValueError(f"lo and hi must satisfy n - 1 = {n - 1} <= lo < hi <= {len(ids)} (the length of ids), "
                          f"got lo {lo}, hi {hi}")
-    ends: dict[tuple[int, ...], list[int]] = {}
+    last: dict[tuple[int, ...], int] = {}  # each n-gram's latest end so far
     out = np.zeros(hi - lo, dtype=bool)
     for e in range(n - 1, hi):
         gram = tuple(ids[e - n + 1:e + 1])
-        seen = ends.setdefault(gram, [])
-        if e >= lo and seen:
-            out[e - lo] = seen[-1] < e - context  # the latest earlier occurrence is out of reach
-        seen.append(e)
+        prev = last.get(gram)
+        if e >= lo and prev is not None:
+            out[e - lo] = prev < e - context  # the latest earlier occurrence is out of reach
+        last[gram] = e
     return out
 
 
