@@ -75,6 +75,7 @@ __all__ = [
     "sliding_nll",
     "method_nll",
     "same_token_rows",
+    "bucket_differences",
     "context_value",
     "far_repeats",
     "SAME_TOKEN_FIELDS",
@@ -608,32 +609,23 @@ def _bucket_means(rows: Sequence[Mapping[str, Any]], method: str, context: int) 
     return out
 
 
-def context_value(
-    rows: Sequence[Mapping[str, Any]],
-    method: str,
-    context: int,
-    *,
-    baseline: str = SLIDING,
-    confidence: float = 0.95,
-    resamples: int = 4000,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """What ``method``'s full window buys over ``baseline`` on the targets ``[context, 2 context)``.
+def bucket_differences(
+    rows: Sequence[Mapping[str, Any]], method: str, context: int, *, baseline: str = SLIDING
+) -> tuple[list[str], list[int], np.ndarray, np.ndarray]:
+    """``(documents, bucket_starts, base, meth)``: the mean NLL per document and bucket.
 
-    From stored rows (:func:`same_token_rows`, or the CSV's strings): for each document and
-    bucket, the mean NLL of the baseline minus that of ``method`` (nats per token; positive
-    when the method predicts the same tokens better, i.e. when the context beyond the native
-    window helps). Returns ``{"interval": Interval, "per_document": {path: mean}, "documents",
-    "buckets"}``: the interval is :func:`companion.lab.stats.paired_bootstrap_ci` with the
-    documents as rows and the buckets as units, both resampled (``resample_rows=True``: a
-    two-stage bootstrap, so the spread between documents counts).
+    From stored rows (:func:`same_token_rows`, or the CSV's strings), over the targets
+    ``[context, 2 context)``: ``base[i, j]`` and ``meth[i, j]`` are the mean NLL (nats per
+    token) of ``baseline`` and of ``method`` on document ``documents[i]``, bucket
+    ``bucket_starts[j]``, so ``base - meth`` is what the method's full window buys (positive
+    when it helps). :func:`context_value` puts an interval on it; a figure averages it over
+    the documents.
 
     Raises:
         ValueError: no rows for ``method`` or ``baseline`` at ``context``, documents or
-            buckets that the two do not share, or a row without the needed keys.
+            buckets that the two do not share, two rows for one bucket, or a row without the
+            needed keys.
     """
-    from .lab.stats import paired_bootstrap_ci
-
     context = check_positive_int(context, "context", minimum=2)
     base, meth = _bucket_means(rows, baseline, context), _bucket_means(rows, method, context)
     for name, got in ((baseline, base), (method, meth)):
@@ -649,6 +641,36 @@ def context_value(
             raise ValueError(f"document {d!r}: {method!r} and {baseline!r} must have the buckets {buckets}")
     a = np.array([[base[d][b] for b in buckets] for d in docs])
     b = np.array([[meth[d][k] for k in buckets] for d in docs])
+    return docs, buckets, a, b
+
+
+def context_value(
+    rows: Sequence[Mapping[str, Any]],
+    method: str,
+    context: int,
+    *,
+    baseline: str = SLIDING,
+    confidence: float = 0.95,
+    resamples: int = 4000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """What ``method``'s full window buys over ``baseline`` on the targets ``[context, 2 context)``.
+
+    From stored rows (:func:`same_token_rows`, or the CSV's strings): for each document and
+    bucket (:func:`bucket_differences`), the mean NLL of the baseline minus that of ``method`` (nats per token; positive
+    when the method predicts the same tokens better, i.e. when the context beyond the native
+    window helps). Returns ``{"interval": Interval, "per_document": {path: mean}, "documents",
+    "buckets"}``: the interval is :func:`companion.lab.stats.paired_bootstrap_ci` with the
+    documents as rows and the buckets as units, both resampled (``resample_rows=True``: a
+    two-stage bootstrap, so the spread between documents counts).
+
+    Raises:
+        ValueError: no rows for ``method`` or ``baseline`` at ``context``, documents or
+            buckets that the two do not share, or a row without the needed keys.
+    """
+    from .lab.stats import paired_bootstrap_ci
+
+    docs, buckets, a, b = bucket_differences(rows, method, context, baseline=baseline)
     interval = paired_bootstrap_ci(a, b, confidence=confidence, resamples=resamples, seed=seed, resample_rows=True)
     return {"interval": interval, "per_document": {d: float((a[i] - b[i]).mean()) for i, d in enumerate(docs)},
             "documents": len(docs), "buckets": len(buckets)}

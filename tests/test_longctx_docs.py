@@ -382,6 +382,24 @@ def test_context_value_is_the_two_stage_paired_bootstrap():
 
 
 
+def test_bucket_differences_are_the_stored_means_in_document_and_bucket_order():
+    rng = np.random.default_rng(1)
+    docs, buckets, T = ["b.py", "a.py"], [24, 16, 32], 16
+    base, meth = rng.normal(3.0, 0.3, (2, 3)), rng.normal(2.9, 0.3, (2, 3))
+    rows = _rows(docs, buckets, T, {"sliding": base, "yarn": meth})
+    got_docs, got_buckets, a, b = ld.bucket_differences(rows, "yarn", T)
+    assert got_docs == ["a.py", "b.py"] and got_buckets == [16, 24, 32]
+    order, cols = [1, 0], [1, 0, 2]  # sorted documents, sorted buckets
+    # nll_sum = mean * 8 and count 8: multiplying and dividing by 8 is exact in binary
+    assert np.array_equal(a, base[order][:, cols]) and np.array_equal(b, meth[order][:, cols])
+    _, _, a2, b2 = ld.bucket_differences(rows, "sliding", T, baseline="yarn")  # roles swap
+    assert np.array_equal(a2, b) and np.array_equal(b2, a)
+    with pytest.raises(ValueError, match="rows hold no bucket of method 'sliding' at context 8"):
+        ld.bucket_differences(rows, "yarn", 8)
+    with pytest.raises(ValueError, match="context must be"):
+        ld.bucket_differences(rows, "yarn", 1)
+
+
 def _far_repeats_brute(ids, context, lo, hi, n):
     out = []
     for t in range(lo, hi):
