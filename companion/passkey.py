@@ -70,6 +70,7 @@ __all__ = [
     "DIGITS",
     "PASSKEY_FIELDS",
     "prompt_text",
+    "passkey_prompts",
     "prompt_ids",
     "answer_ids",
     "draw_keys",
@@ -407,6 +408,47 @@ def _score_one(model: Any, runner: _Runner, cache: Any, suffix: Sequence[int],
     return {"logp": logps, "exact": exact}
 
 
+def passkey_prompts(
+    tokenizer: Any,
+    fmt: str,
+    length: int,
+    depth: float,
+    *,
+    trials: int = 20,
+    controls: int = 4,
+    seed: int = 0,
+    template: str | None = None,
+) -> tuple[list[tuple[int, list[int]]], list[list[int]], list[list[list[int]]]]:
+    """``(keys, prompts, answers)``: the prompts of one cell of the passkey measure.
+
+    ``keys`` is :func:`draw_keys` ``(seed, length, depth, trials, controls)`` (each true key
+    with its controls); every prompt has the same number of filler sentences, the most for
+    which :func:`prompt_ids` leaves room for an answer within ``length`` tokens; ``prompts[i]``
+    is the ids of trial ``i``'s prompt and ``answers[i]`` the ids of its candidates, the true
+    key first, then the controls (:func:`answer_ids`). :func:`passkey_rows` scores them.
+
+    Raises:
+        ValueError: a length too small for the prompt, or a tokenizer whose prompts differ in
+            length between keys beyond ``length``, and as :func:`prompt_ids` and
+            :func:`draw_keys`.
+    """
+    keys = draw_keys(seed, length, depth, trials, controls)
+    ref_ids, ref_text, units = prompt_ids(tokenizer, fmt, length, depth, 99999, template=template)
+    reserve = len(answer_ids(tokenizer, ref_text, ref_ids, 99999))
+    _, _, units = prompt_ids(tokenizer, fmt, length, depth, 99999, template=template, reserve=reserve)
+    prompts, answers = [], []
+    for key, others in keys:
+        text = prompt_text(fmt, units, depth, key, template)
+        ids = tokenizer.encode(text).ids
+        cands = [answer_ids(tokenizer, text, ids, k) for k in (key, *others)]
+        if len(ids) + max(map(len, cands)) > length:
+            raise ValueError(f"the prompt for key {key} and its answers take {len(ids) + max(map(len, cands))} "
+                             f"tokens, more than length {length} (a tokenizer that merges digits?)")
+        prompts.append(ids)
+        answers.append(cands)
+    return keys, prompts, answers
+
+
 def passkey_rows(
     model: Any,
     tokenizer: Any,
@@ -426,10 +468,9 @@ def passkey_rows(
 ) -> list[dict[str, Any]]:
     """One cell of the passkey measure for one method: a row per trial (:data:`PASSKEY_FIELDS`).
 
-    The keys are :func:`draw_keys` ``(seed, length, depth, trials, controls)``; the prompts
-    :func:`prompt_ids` with room for the answer (every prompt and its answer fit in
-    ``length`` tokens, so at the native length no position reaches it); the candidates the
-    true key then the controls (:func:`answer_ids`), scored by :func:`score_prompts`.
+    The keys, prompts and candidates are :func:`passkey_prompts`' (every prompt and its
+    answer fit in ``length`` tokens, so at the native length no position reaches it; the
+    true key, then the controls), scored by :func:`score_prompts`.
     ``key_position`` is the first token where the cell's prompts differ (the key's first
     digits), ``prompt_tokens - key_position`` the distance the model must read back.
 
@@ -437,20 +478,8 @@ def passkey_rows(
         ValueError: a length too small for the prompt, a tokenizer whose prompts differ in
             length between keys beyond ``length``, and as :func:`score_prompts`.
     """
-    keys = draw_keys(seed, length, depth, trials, controls)
-    ref_ids, ref_text, units = prompt_ids(tokenizer, fmt, length, depth, 99999, template=template)
-    reserve = len(answer_ids(tokenizer, ref_text, ref_ids, 99999))
-    _, _, units = prompt_ids(tokenizer, fmt, length, depth, 99999, template=template, reserve=reserve)
-    prompts, answers = [], []
-    for key, others in keys:
-        text = prompt_text(fmt, units, depth, key, template)
-        ids = tokenizer.encode(text).ids
-        cands = [answer_ids(tokenizer, text, ids, k) for k in (key, *others)]
-        if len(ids) + max(map(len, cands)) > length:
-            raise ValueError(f"the prompt for key {key} and its answers take {len(ids) + max(map(len, cands))} "
-                             f"tokens, more than length {length} (a tokenizer that merges digits?)")
-        prompts.append(ids)
-        answers.append(cands)
+    keys, prompts, answers = passkey_prompts(tokenizer, fmt, length, depth, trials=trials, controls=controls,
+                                             seed=seed, template=template)
     res = score_prompts(model, prompts, answers, method, factor=factor, rope_layers=rope_layers,
                         trainfree=trainfree, chunk=chunk)
     import json

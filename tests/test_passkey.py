@@ -309,6 +309,22 @@ def test_passkey_rows_fields_and_a_model_that_reads():
         assert at <= r["key_position"] < at + 5 and len(text) == r["prompt_tokens"]
 
 
+def test_passkey_prompts_are_the_cells_prompts_and_candidates():
+    tok = Tok()
+    keys, prompts, answers = pk.passkey_prompts(tok, "classic", 300, 0.4, trials=3, controls=2, seed=2)
+    assert keys == pk.draw_keys(2, 300, 0.4, 3, 2)
+    _, _, units = pk.prompt_ids(tok, "classic", 300, 0.4, 99999, reserve=6)  # " 99999": 6 characters
+    for (key, others), ids, cands in zip(keys, prompts, answers):
+        text = pk.prompt_text("classic", units, 0.4, key)
+        assert ids == tok.encode(text).ids and len(ids) + 6 <= 300
+        assert cands == [tok.encode(f" {k}").ids for k in (key, *others)]  # the true key first
+    assert len({len(p) for p in prompts}) == 1  # the same filler in every trial of the cell
+    with pytest.raises(ValueError, match="length must be at least"):
+        pk.passkey_prompts(tok, "classic", 100, 0.4, trials=2)
+    with pytest.raises(ValueError, match="trials must be >= 1"):
+        pk.passkey_prompts(tok, "classic", 300, 0.4, trials=0)
+
+
 def test_passkey_summary_intervals():
     rows = [{"format": "classic", "method": "none", "length": "1024", "depth": "0.5", "gain_bits": repr(g),
              "exact": str(int(g > 1))} for g in (0.5, 1.5, 2.5, 0.2)]

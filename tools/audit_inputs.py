@@ -2875,6 +2875,9 @@ def longctx_measure_cases() -> None:
                            ("progress 'log'", lambda: ST(model, doc, 8, ["none"], bucket=4, progress="log"), "progress")):
         bad("longctx_docs", f"same_token_rows {vname}", fn, arg)
     rows = ST(model, doc, 8, ["none"], block=2, bucket=4)
+    good("longctx_docs", "bucket_differences over one document", lambda: LD.bucket_differences(rows, "none", 8)[1], lambda: [8, 12])
+    bad("longctx_docs", "bucket_differences context 1", lambda: LD.bucket_differences(rows, "none", 1), "context")
+    bad("longctx_docs", "bucket_differences a baseline without rows", lambda: LD.bucket_differences(rows, "none", 8, baseline="pi"), "pi")
     good("longctx_docs", "context_value over one document", lambda: LD.context_value(rows, "none", 8, resamples=200)["buckets"], lambda: 2)
     bad("longctx_docs", "context_value a method without rows", lambda: LD.context_value(rows, "yarn", 8), "yarn")
     rep = [5, 6, 7, 8] + [1, 2] * 10 + [5, 6, 7, 8]
@@ -2910,6 +2913,15 @@ def longctx_measure_cases() -> None:
                              ("controls 0", (0, 100, 0.5, 2, 0), "controls"), ("depth nan", (0, 100, NAN, 2), "depth"),
                              ("length 1.5", (0, 1.5, 0.5, 2), "length")):
         bad("passkey", f"draw_keys {vname}", lambda args=args: DK(*args), arg)
+    PP2 = PK.passkey_prompts
+    good("passkey", "passkey_prompts the true key first among the candidates",
+         lambda: [c[0] for c in PP2(plain, "classic", 900, 0.5, trials=2, controls=1)[2]],
+         lambda: [list(f" {k}".encode()) for k, _ in DK(0, 900, 0.5, 2, 1)])
+    for vname, fn, arg in (("length 100", lambda: PP2(plain, "classic", 100, 0.5, trials=2), "length"),
+                           ("trials 0", lambda: PP2(plain, "classic", 900, 0.5, trials=0), "trials"),
+                           ("fmt 'plain'", lambda: PP2(plain, "plain", 900, 0.5, trials=2), "fmt"),
+                           ("controls 0", lambda: PP2(plain, "classic", 900, 0.5, trials=2, controls=0), "controls")):
+        bad("passkey", f"passkey_prompts {vname}", fn, arg)
     SP = PK.score_prompts
     good("passkey", "score_prompts shared equals unshared",
          lambda: [t["logp"] for t in SP(model, [[1, 2, 3, 4], [1, 2, 3, 5]], [[[6], [7]], [[6], [7]]])["trials"]],
