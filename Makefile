@@ -54,7 +54,7 @@ test: $(STAMP) $(MATHJAX) chromium
 	echo "make test: all passed in $$(( $$(date +%s) - start )) s"
 
 test-unit: $(STAMP) pretrained
-	$(PY) -m pytest tests -q -n $(WORKERS) --ignore=tests/browser
+	$(PY) -m pytest tests -q -n $(WORKERS) --ignore=tests/browser --durations=10
 
 # The independent audit of bad and edge-case input (tools/audit_inputs.py): every public
 # callable and command-line flag, classified clear / correct / cryptic / silent; fails on any
@@ -69,7 +69,7 @@ pretrained: $(STAMP)
 
 test-notebooks: $(STAMP) pretrained
 	$(PY) -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
-		-q -n $(WORKERS) --dist loadscope chapters $(wildcard book/*.ipynb)
+		-q -n $(WORKERS) --dist loadscope --durations=15 chapters $(wildcard book/*.ipynb)
 
 # Re-run the unit tests and every notebook under each configuration of PORTABILITY_MATRIX.
 test-portable: $(STAMP) pretrained
