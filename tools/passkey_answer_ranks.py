@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from companion.llama import KVCache  # noqa: E402
 from companion.longctx_runs import MODELS, load_subject  # noqa: E402
-from companion.passkey import FORMATS, passkey_prompts  # noqa: E402
+from companion.passkey import FORMATS, _common_prefix, passkey_prompts  # noqa: E402
 from companion.utils import save_result  # noqa: E402
 
 
@@ -60,9 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--length {args.length} is past the model's native {model.config.context_length} tokens")
     keys, prompts, answers = passkey_prompts(tok, args.format, args.length, args.depth, trials=args.trials,
                                              controls=args.controls, seed=args.seed, template=template)
-    shared = 0
-    while all(len(p) > shared and p[shared] == prompts[0][shared] for p in prompts):
-        shared += 1
+    # the filler before the key, fed once; each trial feeds at least its last token
+    shared = min(_common_prefix(prompts), min(map(len, prompts)) - 1)
     trials = []
     with torch.no_grad():
         cache = KVCache(model.config.n_layers)
