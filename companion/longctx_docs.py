@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import check_finite_number, check_positive_int
+from ._checks import check_bool, check_finite_number, check_positive_int
 from .longctx import METHODS, _bucket_rows, _ids_sha256, method_config, trainfree_config, trainfree_nll
 from .trainfree import TRAINFREE_METHODS
 
@@ -389,7 +389,7 @@ def tail_nll(model: Any, ids: Tensor, first: int, *, chunk: int | None = None) -
 
 @torch.no_grad()
 def sliding_nll(model: Any, ids: Tensor, lo: int, hi: int, context: int, block: int, *,
-                chunk: int | None = None) -> Tensor:
+                keep: int = 0, chunk: int | None = None) -> Tensor:
     """Per-token NLL ``(hi - lo,)`` of the targets ``ids[0, lo:hi]`` with a block-sliding context.
 
     The targets go in blocks ``[a, e)`` of ``block`` tokens (``a = lo, lo + block, ...``);
@@ -399,11 +399,18 @@ def sliding_nll(model: Any, ids: Tensor, lo: int, hi: int, context: int, block: 
     (``block = 1``: exactly ``context - 1``, the exact sliding window). Runs with the RoPE
     the model has installed (plain, for the baseline of :func:`same_token_rows`).
 
+    ``keep`` tokens at the start of ``ids`` stay in every pass: a pass is then
+    ``ids[0, :keep]`` followed by the last ``context - keep`` tokens up to ``e`` (still
+    ``context`` tokens, at positions ``0 ..``). ``keep=1`` keeps a ``<bos>`` token: a model
+    trained with one at the start of every sequence (Gemma) does worse on a pass that starts
+    without it, and that loss is not the loss of the far context.
+
     Raises:
         TypeError: integer arguments of another type.
         ValueError: ``ids`` not ``(1, n)``; not ``1 <= lo < hi <= n``; ``context < 2``;
             ``block`` outside ``[1, context - 1]`` (each target needs a token before it in
-            its pass).
+            its pass); ``keep`` outside ``[0, min(lo, context - block - 1)]`` (the kept tokens
+            lie before every target and leave each target a token before it besides them).
     """
     ids = _check_ids(ids)
     n = ids.shape[1]
@@ -414,11 +421,20 @@ def sliding_nll(model: Any, ids: Tensor, lo: int, hi: int, context: int, block: 
     block = check_positive_int(block, "block")
     if block > context - 1:
         raise ValueError(f"block must lie in [1, context - 1] = [1, {context - 1}], got {block}")
+    if isinstance(keep, bool) or not isinstance(keep, int):
+        raise TypeError(f"keep must be an int, got {type(keep).__name__} {keep!r}")
+    top = min(lo, context - block - 1)
+    if not 0 <= keep <= top:
+        raise ValueError(f"keep must lie in [0, min(lo, context - block - 1)] = [0, {top}], got {keep}")
     out = []
     for a in range(lo, hi, block):
         e = min(a + block, hi)
         s = max(0, e - context)
-        out.append(tail_nll(model, ids[:, s:e], a - s, chunk=chunk))
+        if keep and s > 0:  # the kept tokens, then the last context - keep tokens up to e
+            s += keep
+            out.append(tail_nll(model, torch.cat([ids[:, :keep], ids[:, s:e]], dim=1), keep + a - s, chunk=chunk))
+        else:
+            out.append(tail_nll(model, ids[:, s:e], a - s, chunk=chunk))
     return torch.cat(out)
 
 
@@ -465,6 +481,7 @@ def same_token_rows(
     chunk: int | None = None,
     baseline: bool = True,
     targets: str = "all",
+    keep_bos: bool = True,
     progress: Any = None,
 ) -> list[dict[str, Any]]:
     """The same-token measure on one document: rows of bucketed losses (:data:`SAME_TOKEN_FIELDS`).
@@ -472,7 +489,10 @@ def same_token_rows(
     The window is the document's first ``2 * context`` tokens. With ``baseline``, the
     targets ``[context, 2 context)`` are scored by :func:`sliding_nll` (plain RoPE, a sliding
     context of ``context`` tokens in blocks of ``block``, default ``context // 8``), in rows
-    of method :data:`SLIDING`; then each of ``methods`` scores every target of one pass over
+    of method :data:`SLIDING`; with ``keep_bos``, when the document starts with the model's
+    BOS token (``model.config.bos_id``: Gemma's tokenizer adds ``<bos>``, SmolLM2's adds
+    nothing), every pass of the baseline keeps it (``keep=1``, recorded as ``"keep": 1`` in
+    the rows' ``rope_config``), as every pass of the methods has it; then each of ``methods`` scores every target of one pass over
     the window (:func:`method_nll`), in rows of its name; with ``targets="measured"`` only
     the targets ``[context, 2 context)`` (the LM head is half of a Gemma pass's cost, its
     vocabulary having 262,144 entries; the first half, where a method can only lose, is then
@@ -507,6 +527,9 @@ def same_token_rows(
         raise TypeError(f"progress must be a callable taking a string, or None, got {type(progress).__name__}")
     if targets not in ("all", "measured"):
         raise ValueError(f"targets must be 'all' or 'measured', got {targets!r}")
+    check_bool(keep_bos, "keep_bos")
+    bos = getattr(getattr(model, "config", None), "bos_id", None)
+    keep = int(keep_bos and bos is not None and document.ids[0] == bos)
     first = 1 if targets == "all" else context
     ids = document.head(2 * context)
     common = {"model": _model_name(model), "document": document.path, "ids_sha256": document.ids_sha256,
@@ -524,8 +547,8 @@ def same_token_rows(
     if baseline:
         t, c = time.perf_counter(), time.process_time()
         with applied_method(model, "none", rope_layers=rope_layers):
-            nll = sliding_nll(model, ids, context, 2 * context, context, block, chunk=chunk)
-        add(SLIDING, {"block": block, "context": context}, nll, context, time.perf_counter() - t,
+            nll = sliding_nll(model, ids, context, 2 * context, context, block, keep=keep, chunk=chunk)
+        add(SLIDING, {"block": block, "context": context} | ({"keep": keep} if keep else {}), nll, context, time.perf_counter() - t,
             time.process_time() - c)
     for m in methods:
         t, c = time.perf_counter(), time.process_time()

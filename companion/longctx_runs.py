@@ -248,6 +248,10 @@ def add_commands(sub: Any) -> dict[str, tuple[argparse.ArgumentParser, Callable,
     c.add_argument("--pass-chunk", type=int, default=None,
                    help="feed each pass this many tokens at a time through a KV cache, for memory "
                         "(default: one call for smollm2, 4096 for gemma3)")
+    c.add_argument("--no-keep-bos", action="store_true",
+                   help="the sliding baseline's passes start mid-document, without the <bos> token that "
+                        "the methods' pass starts with (gemma3; smollm2 has none): what dropping it costs "
+                        "(default: each pass keeps the document's <bos>)")
     _measure_flags(c)
     c.add_argument("--out", required=True, help="CSV file of the bucketed losses, with provenance (required)")
     _add_run_flags(c, QUICK_CONTEXT)
@@ -360,11 +364,15 @@ def _cmd_context(args: argparse.Namespace, command: str, error: Any) -> int:
                           factor=_factor(args, m), block=block, bucket=args.bucket, rope_layers=args.rope_layers,
                           trainfree=trainfree if m in TRAINFREE_METHODS else None,
                           targets=None if m == SLIDING else args.targets)
+            if m == SLIDING and doc.ids[0] == getattr(model.config, "bos_id", None) and not args.no_keep_bos:
+                params["keep"] = 1  # a <bos> kept in each pass (same_token_rows); no key change otherwise
+
 
             def compute(doc=doc, m=m) -> list[dict[str, Any]]:
                 return same_token_rows(model, doc, T, [] if m == SLIDING else [m], factor=args.factor, block=block,
                                        bucket=args.bucket, rope_layers=args.rope_layers, trainfree=trainfree,
-                                       chunk=chunk, baseline=m == SLIDING, targets=args.targets, progress=progress)
+                                       chunk=chunk, baseline=m == SLIDING, targets=args.targets,
+                                       keep_bos=not args.no_keep_bos, progress=progress)
 
             got, reused = cached_unit(args.cache, "context", params, compute)
             rows += got
@@ -386,7 +394,8 @@ def _cmd_context(args: argparse.Namespace, command: str, error: Any) -> int:
     if args.json:
         data = {"documents": documents_record(docs, min_tokens=2 * T, split=args.split, tokenizer=args.model,
                                               exclude=args.exclude),
-                "model": ident, "context": T, "block": block, "bucket": args.bucket, "factor": args.factor,
+                "model": ident, "context": T, "block": block, "keep_bos": not args.no_keep_bos,
+                "bucket": args.bucket, "factor": args.factor,
                 "rope_layers": args.rope_layers, "methods": methods, "trainfree": trainfree,
                 "value_of_context": summary, "seconds": time.perf_counter() - t0}
     return _finish(args, command, data)

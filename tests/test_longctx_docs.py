@@ -161,6 +161,36 @@ def test_sliding_nll_against_a_brute_force_loop():
     assert (early - full_nll(model, ids[:, :6])).abs().max() <= TOL
 
 
+def test_sliding_nll_keeps_the_first_tokens_in_every_pass():
+    model = tiny_llama()
+    ids = ids_of(40)
+    context, block = 8, 3
+    for keep in (1, 2):
+        got = ld.sliding_nll(model, ids, 8, 40, context, block, keep=keep)
+        want = []
+        for a in range(8, 40, block):
+            e = min(a + block, 40)
+            # the kept tokens, then the last context - keep tokens up to e: a pass of `context`
+            window = ids[:, :e] if e <= context else torch.cat([ids[:, :keep], ids[:, e - context + keep:e]], 1)
+            assert window.shape[1] == min(e, context)
+            nll = model.token_nll(window)[0]
+            want += [nll[window.shape[1] - (e - t) - 1] for t in range(a, e)]
+        assert (got - torch.stack(want)).abs().max() <= TOL
+        # the kept tokens replace the oldest ones: not the plain sliding window
+        assert (got - ld.sliding_nll(model, ids, 8, 40, context, block)).abs().max() > FAR
+    # before `context` a pass is the whole prefix, which holds the kept tokens already
+    assert (ld.sliding_nll(model, ids, 2, 6, context, 2, keep=1) - full_nll(model, ids[:, :6])[1:]).abs().max() <= TOL
+    for keep, match in ((-1, r"keep must lie in \[0, min\(lo, context - block - 1\)\] = \[0, 4\], got -1"),
+                        (5, r"= \[0, 4\], got 5")):
+        with pytest.raises(ValueError, match=match):
+            ld.sliding_nll(model, ids, 8, 40, context, block, keep=keep)
+    with pytest.raises(ValueError, match=r"= \[0, 2\], got 3"):  # lo = 2 bounds it
+        ld.sliding_nll(model, ids, 2, 40, context, block, keep=3)
+    for keep in (True, 1.0):
+        with pytest.raises(TypeError, match="keep must be an int"):
+            ld.sliding_nll(model, ids, 8, 40, context, block, keep=keep)
+
+
 def test_sliding_nll_rejects_bad_sizes():
     model, ids = tiny_llama(), ids_of(20)
     for args, match in (((0, 10, 8, 1), "lo must be >= 1"), ((5, 5, 8, 1), "lo and hi must satisfy 1 <= lo < hi <= 20"),
@@ -321,6 +351,29 @@ def test_same_token_rows_are_the_bucketed_passes(make):
     assert [(r["bucket_start"], r["count"]) for r in measured] == [(r["bucket_start"], r["count"]) for r in full]
     for a, b in zip(measured, full):
         assert abs(float(a["nll_sum"]) - float(b["nll_sum"])) <= TOL
+
+
+def test_same_token_rows_keep_a_documents_bos_in_the_baseline():
+    model = tiny_gemma()  # bos_id 2
+    T = 16
+    body = [t if t != 2 else 3 for t in ids_of(2 * T, seed=5)[0].tolist()]
+    with_bos = ld.Document("bos.py", "val", 2 * T, tuple([2] + body[1:]))
+    rows = ld.same_token_rows(model, with_bos, T, [], block=4, bucket=8)
+    assert json.loads(rows[0]["rope_config"]) == {"block": 4, "context": T, "keep": 1}
+    ids = with_bos.head(2 * T)
+    for kept, rs in ((1, rows), (0, ld.same_token_rows(model, with_bos, T, [], block=4, bucket=8, keep_bos=False))):
+        nll = ld.sliding_nll(model, ids, T, 2 * T, T, 4, keep=kept)
+        assert [float(r["nll_sum"]) for r in rs] == [float(nll[:8].double().sum()), float(nll[8:].double().sum())]
+    dropped = ld.same_token_rows(model, with_bos, T, [], block=4, bucket=8, keep_bos=False)
+    assert json.loads(dropped[0]["rope_config"]) == {"block": 4, "context": T}
+    assert abs(float(rows[0]["nll_sum"]) - float(dropped[0]["nll_sum"])) > FAR
+    # a document without the BOS token at its start, or a model without one: nothing kept
+    no_bos = ld.Document("body.py", "val", 2 * T, tuple(body))
+    plain = ld.same_token_rows(model, no_bos, T, [], block=4, bucket=8)
+    assert json.loads(plain[0]["rope_config"]) == {"block": 4, "context": T}
+    assert tiny_llama().config.bos_id is None
+    with pytest.raises(TypeError, match="keep_bos must be a bool"):
+        ld.same_token_rows(model, with_bos, T, [], block=4, bucket=8, keep_bos=1)
 
 
 def test_same_token_rows_rejects_bad_input():

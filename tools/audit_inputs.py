@@ -2830,11 +2830,17 @@ def longctx_measure_cases() -> None:
                            ("chunk 0", lambda: TN(model, ids, 1, chunk=0), "chunk"), ("ids 1-D", lambda: TN(model, ids[0], 1), "ids"),
                            ("ids float", lambda: TN(model, ids.float(), 1), "ids")):
         bad("longctx_docs", f"tail_nll {vname}", fn, arg)
+    good("longctx_docs", "sliding_nll keep 1: the first token, then the last 7 (block 1)",
+         lambda: SN(model, ids, 9, 24, 8, 1, keep=1),
+         lambda: torch.stack([model.token_nll(torch.cat([ids[:, :1], ids[:, t - 6:t + 1]], 1))[0, -1] for t in range(9, 24)]))
     good("longctx_docs", "sliding_nll block 1 is the exact window",
          lambda: SN(model, ids, 8, 24, 8, 1), lambda: torch.stack([model.token_nll(ids[:, t - 7:t + 1])[0, -1] for t in range(8, 24)]))
     for vname, fn, arg in (("block = context", lambda: SN(model, ids, 8, 24, 8, 8), "block"),
                            ("lo = hi", lambda: SN(model, ids, 8, 8, 8, 2), "lo"), ("hi past ids", lambda: SN(model, ids, 8, 25, 8, 2), "hi"),
-                           ("context 1", lambda: SN(model, ids, 8, 24, 1, 1), "context"), ("block 2.0", lambda: SN(model, ids, 8, 24, 8, 2.0), "block")):
+                           ("context 1", lambda: SN(model, ids, 8, 24, 1, 1), "context"), ("block 2.0", lambda: SN(model, ids, 8, 24, 8, 2.0), "block"),
+                           ("keep -1", lambda: SN(model, ids, 8, 24, 8, 2, keep=-1), "keep"),
+                           ("keep 6 (context 8, block 2)", lambda: SN(model, ids, 8, 24, 8, 2, keep=6), "keep"),
+                           ("keep True", lambda: SN(model, ids, 8, 24, 8, 2, keep=True), "keep")):
         bad("longctx_docs", f"sliding_nll {vname}", fn, arg)
     good("longctx_docs", "method_nll none is the plain pass", lambda: MN(model, ids, "none")[0], lambda: model.token_nll(ids)[0])
     for vname, fn, arg in (("method 'bogus'", lambda: MN(model, ids, "bogus"), "method"), ("first 24", lambda: MN(model, ids, "none", first=24), "first"),
@@ -2872,7 +2878,8 @@ def longctx_measure_cases() -> None:
                            ("context 40 (document of 72)", lambda: ST(model, doc, 40, ["none"], bucket=8), "context"),
                            ("methods repeated", lambda: ST(model, doc, 8, ["none", "none"], bucket=4), "methods"),
                            ("targets 'half'", lambda: ST(model, doc, 8, ["none"], bucket=4, targets="half"), "targets"),
-                           ("progress 'log'", lambda: ST(model, doc, 8, ["none"], bucket=4, progress="log"), "progress")):
+                           ("progress 'log'", lambda: ST(model, doc, 8, ["none"], bucket=4, progress="log"), "progress"),
+                           ("keep_bos 1", lambda: ST(model, doc, 8, ["none"], bucket=4, keep_bos=1), "keep_bos")):
         bad("longctx_docs", f"same_token_rows {vname}", fn, arg)
     rows = ST(model, doc, 8, ["none"], block=2, bucket=4)
     good("longctx_docs", "bucket_differences over one document", lambda: LD.bucket_differences(rows, "none", 8)[1], lambda: [8, 12])
