@@ -527,9 +527,7 @@ def same_token_rows(
         raise TypeError(f"progress must be a callable taking a string, or None, got {type(progress).__name__}")
     if targets not in ("all", "measured"):
         raise ValueError(f"targets must be 'all' or 'measured', got {targets!r}")
-    check_bool(keep_bos, "keep_bos")
-    bos = getattr(getattr(model, "config", None), "bos_id", None)
-    keep = int(keep_bos and bos is not None and document.ids[0] == bos)
+    keep = _kept_bos(model, document, check_bool(keep_bos, "keep_bos"))
     first = 1 if targets == "all" else context
     ids = document.head(2 * context)
     common = {"model": _model_name(model), "document": document.path, "ids_sha256": document.ids_sha256,
@@ -548,14 +546,22 @@ def same_token_rows(
         t, c = time.perf_counter(), time.process_time()
         with applied_method(model, "none", rope_layers=rope_layers):
             nll = sliding_nll(model, ids, context, 2 * context, context, block, keep=keep, chunk=chunk)
-        add(SLIDING, {"block": block, "context": context} | ({"keep": keep} if keep else {}), nll, context, time.perf_counter() - t,
-            time.process_time() - c)
+        config = {"block": block, "context": context} | ({"keep": keep} if keep else {})
+        add(SLIDING, config, nll, context, time.perf_counter() - t, time.process_time() - c)
     for m in methods:
         t, c = time.perf_counter(), time.process_time()
         nll, config = method_nll(model, ids, m, factor=factor, rope_layers=rope_layers, trainfree=trainfree,
                                  chunk=chunk, first=first)
         add(m, config, nll, first, time.perf_counter() - t, time.process_time() - c)
     return rows
+
+
+def _kept_bos(model: Any, document: Document, keep_bos: bool = True) -> int:
+    """How many tokens the sliding baseline keeps in every pass: 1 when ``keep_bos`` and the
+    document starts with the model's BOS token (``model.config.bos_id``), else 0. The one rule,
+    for :func:`same_token_rows` and for the cache key of ``python -m companion.longctx context``."""
+    bos = getattr(getattr(model, "config", None), "bos_id", None)
+    return int(keep_bos and bos is not None and document.ids[0] == bos)
 
 
 def _json(value: Any) -> str:

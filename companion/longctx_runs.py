@@ -333,7 +333,8 @@ def _cmd_docs(args: argparse.Namespace, command: str, error: Any) -> int:
 
 
 def _cmd_context(args: argparse.Namespace, command: str, error: Any) -> int:
-    from .longctx_docs import SAME_TOKEN_FIELDS, SLIDING, context_value, documents_record, long_documents, same_token_rows
+    from .longctx_docs import (SAME_TOKEN_FIELDS, SLIDING, _kept_bos, context_value, documents_record, long_documents,
+                               same_token_rows)
 
     progress = say(args.quiet)
     model, tok, _ = load_subject(args.model)
@@ -364,9 +365,8 @@ def _cmd_context(args: argparse.Namespace, command: str, error: Any) -> int:
                           factor=_factor(args, m), block=block, bucket=args.bucket, rope_layers=args.rope_layers,
                           trainfree=trainfree if m in TRAINFREE_METHODS else None,
                           targets=None if m == SLIDING else args.targets)
-            if m == SLIDING and doc.ids[0] == getattr(model.config, "bos_id", None) and not args.no_keep_bos:
-                params["keep"] = 1  # a <bos> kept in each pass (same_token_rows); no key change otherwise
-
+            if m == SLIDING and _kept_bos(model, doc, not args.no_keep_bos):
+                params["keep"] = 1  # a <bos> kept in each pass; no key change otherwise
 
             def compute(doc=doc, m=m) -> list[dict[str, Any]]:
                 return same_token_rows(model, doc, T, [] if m == SLIDING else [m], factor=args.factor, block=block,
