@@ -40,6 +40,16 @@ two backward modes at ``L = 16384`` (``8 x 4``) and ``32768`` (``1 x 8``); ``--l
 about a quarter), and a restricted run replaces the whole file::
 
     python benchmarks/attention_tiles_cpu.py --threads 2 --clock wall --rounds 3
+
+The stored file is a restricted wall-clock run on otherwise idle cores (64 minutes on the
+book's 2-core AMD EPYC): ``L`` 128 to 16384, head dims 16, 64 and 128, ``1 x 8`` and ``8 x
+4`` (the latter to ``L = 8192``), all three modes, 2 threads, 2 rounds::
+
+    python benchmarks/attention_tiles_cpu.py --lengths 128 256 512 1024 2048 4096 8192 16384 \
+        --head-dims 16 64 128 --shapes 1x8 8x4 --blocks 64 128 256 512 1024 --rounds 2 \
+        --threads 2 --clock wall --max-entries 2147483648
+
+``L = 32768`` is not measured; the dispatcher takes the nearest measured length (16384).
 """
 
 from __future__ import annotations

@@ -52,7 +52,14 @@ offset ``k - q`` alone (ALiBi, T5, KERPLE) is one vector per head, and every blo
 strided view of it (``companion.blockwise.fused_bias_attention`` explains how). Its extra
 memory is ``O(heads * L)`` for that vector, ``O(batch * heads * L * head_dim)`` for the
 output and one block of queries at a time (reversed); the backward pass of a bias with
-parameters (T5's table) holds tiles of at most ``2**21`` logits. The block size comes from a measurement
+parameters (T5's table) holds tiles of at most ``2**21`` logits. Measured as a user calls it
+(``benchmarks/attention_paths_cpu.py``, stored in ``chapters/data/attention_paths_cpu.json``:
+batch 1, 8 heads, head dim 64, float32, causal, 2 threads, the median of 3 rounds), ALiBi
+and T5 through :func:`fast_attention` at ``L = 8192`` and ``16384`` take 0.98 to 1.14 times
+the time of SDPA ``is_causal`` without a bias forward, and 1.03 to 1.33 times forward plus
+backward, with a peak extra memory of at most 0.082 of the materialised float32 bias;
+KERPLE 0.99 to 1.14 and 1.33 to 1.37 times; FIRE, whose bias is not one vector per head,
+5.16 to 7.84 times. The block size comes from a measurement
 stored with the package (``companion/data/attention_tiles.json``, written by
 ``benchmarks/attention_tiles_cpu.py``) for three modes: ``forward`` (no gradient: evaluation,
 generation), ``backward`` (forward plus backward, gradients of ``q, k, v`` only: ALiBi in
@@ -69,36 +76,48 @@ below it the time of SDPA with the ``(1, heads, L, L)`` float mask where it was 
 
 .. begin tile table
 
-Measurement: quick (provisional), 1 thread(s), CPU time, float32, causal, batch and heads as given.
+Measurement: median of 2 rounds, 2 thread(s), wall-clock time, float32, causal, batch and heads as given.
 
-=====================  ==========  =========  =========  =========  =========  ==========
-mode, head dim, b x h  path        L = 128    256        512        2048       8192
-=====================  ==========  =========  =========  =========  =========  ==========
-forward, 16, 1 x 8     block       128: 2.68  128: 1.58  128: 1.06  128: 1.09  1024: 1.14
-forward, 16, 1 x 8     float mask  2.16       4.66       5.76       9.62       -
-forward, 16, 8 x 4     block       64: 1.56   128: 1.28  128: 0.87  256: 1.09  -
-forward, 16, 8 x 4     float mask  1.23       1.28       1.33       3.26       -
-forward, 64, 1 x 8     block       128: 2.12  128: 1.29  128: 0.84  256: 1.14  1024: 1.07
-forward, 64, 1 x 8     float mask  1.59       1.80       1.70       4.64       -
-forward, 64, 8 x 4     block       64: 1.38   64: 1.00   64: 0.83   256: 1.08  -
-forward, 64, 8 x 4     float mask  1.16       1.10       1.17       2.21       -
-backward, 16, 1 x 8    block       128: 2.07  128: 1.48  128: 0.85  64: 0.92   512: 1.09
-backward, 16, 1 x 8    float mask  1.34       1.74       1.40       3.94       -
-backward, 16, 8 x 4    block       128: 1.46  128: 1.01  64: 0.68   128: 0.90  -
-backward, 16, 8 x 4    float mask  1.09       1.10       1.11       2.22       -
-backward, 64, 1 x 8    block       64: 1.57   128: 1.06  128: 0.78  256: 1.06  1024: 1.11
-backward, 64, 1 x 8    float mask  1.18       1.19       1.18       2.62       -
-backward, 64, 8 x 4    block       64: 0.92   128: 1.09  128: 0.80  256: 1.04  -
-backward, 64, 8 x 4    float mask  0.78       1.13       1.08       1.82       -
-bias-grad, 16, 1 x 8   block       128: 3.24  128: 1.74  128: 1.07  64: 1.16   64: 1.57
-bias-grad, 16, 1 x 8   float mask  2.68       2.44       2.48       7.47       -
-bias-grad, 16, 8 x 4   block       64: 1.85   64: 1.21   64: 0.93   64: 1.30   -
-bias-grad, 16, 8 x 4   float mask  1.74       1.83       1.89       5.50       -
-bias-grad, 64, 1 x 8   block       64: 1.90   128: 1.19  64: 0.86   128: 1.15  256: 1.30
-bias-grad, 64, 1 x 8   float mask  1.50       1.51       1.51       3.98       -
-bias-grad, 64, 8 x 4   block       64: 1.30   64: 1.00   128: 0.88  256: 1.13  -
-bias-grad, 64, 8 x 4   float mask  1.14       1.21       1.22       4.13       -
-=====================  ==========  =========  =========  =========  =========  ==========
+=====================  ==========  =========  =========  =========  =========  ==========  ==========  ==========  ==========
+mode, head dim, b x h  path        L = 128    256        512        1024       2048        4096        8192        16384
+=====================  ==========  =========  =========  =========  =========  ==========  ==========  ==========  ==========
+forward, 16, 1 x 8     block       128: 2.73  256: 1.76  256: 1.15  256: 1.21  256: 1.13   1024: 1.21  1024: 1.25  1024: 1.07
+forward, 16, 1 x 8     float mask  2.30       5.26       5.86       7.56       9.80        -           -           -
+forward, 16, 8 x 4     block       64: 1.04   256: 1.36  256: 0.95  256: 1.38  1024: 1.24  1024: 1.14  1024: 1.13  -
+forward, 16, 8 x 4     float mask  0.78       1.42       1.33       2.71       3.25        3.67        -           -
+forward, 64, 1 x 8     block       64: 2.88   128: 1.60  256: 1.19  256: 1.25  256: 1.26   1024: 1.20  1024: 1.16  1024: 1.07
+forward, 64, 1 x 8     float mask  1.63       3.61       1.73       4.48       5.19        -           -           -
+forward, 64, 8 x 4     block       64: 1.47   128: 1.14  128: 0.87  256: 1.10  256: 1.11   1024: 1.18  1024: 1.18  -
+forward, 64, 8 x 4     float mask  1.13       1.12       1.13       1.66       2.24        2.52        -           -
+forward, 128, 1 x 8    block       128: 1.55  64: 1.38   256: 0.99  128: 1.03  256: 1.10   512: 1.02   1024: 1.10  1024: 1.04
+forward, 128, 1 x 8    float mask  1.24       1.44       1.61       2.98       3.46        -           -           -
+forward, 128, 8 x 4    block       64: 1.31   64: 1.14   256: 0.92  256: 1.06  256: 1.05   512: 1.05   1024: 1.11  -
+forward, 128, 8 x 4    float mask  1.09       1.11       1.15       1.51       1.93        2.14        -           -
+backward, 16, 1 x 8    block       128: 1.96  256: 1.36  256: 1.05  256: 1.14  64: 1.18    1024: 1.27  1024: 1.12  1024: 1.12
+backward, 16, 1 x 8    float mask  1.33       1.31       1.41       3.16       3.93        -           -           -
+backward, 16, 8 x 4    block       128: 1.31  128: 1.29  128: 0.85  256: 1.04  256: 1.03   256: 1.03   1024: 1.10  -
+backward, 16, 8 x 4    float mask  1.03       1.12       1.13       1.75       2.25        2.36        -           -
+backward, 64, 1 x 8    block       128: 1.79  128: 1.30  128: 0.89  256: 1.03  256: 1.13   512: 1.15   1024: 1.14  1024: 0.99
+backward, 64, 1 x 8    float mask  1.21       1.17       1.28       2.04       2.58        -           -           -
+backward, 64, 8 x 4    block       64: 0.56   128: 1.08  128: 0.83  256: 1.02  256: 1.21   256: 1.10   1024: 1.23  -
+backward, 64, 8 x 4    float mask  0.47       1.10       1.02       1.44       1.79        2.01        -           -
+backward, 128, 1 x 8   block       128: 1.68  128: 1.15  128: 0.93  256: 1.14  256: 1.20   1024: 1.17  1024: 1.15  1024: 1.03
+backward, 128, 1 x 8   float mask  1.15       1.08       1.19       1.69       2.14        -           -           -
+backward, 128, 8 x 4   block       64: 1.20   64: 0.94   256: 0.92  256: 1.02  256: 1.14   1024: 1.20  1024: 1.12  -
+backward, 128, 8 x 4   float mask  1.05       0.85       1.10       1.31       1.75        1.94        -           -
+bias-grad, 16, 1 x 8   block       128: 2.52  256: 2.06  128: 1.04  256: 1.45  128: 1.46   64: 1.60    256: 1.78   128: 1.79
+bias-grad, 16, 1 x 8   float mask  1.76       2.24       2.43       5.52       10.30       -           -           -
+bias-grad, 16, 8 x 4   block       128: 1.59  128: 1.35  64: 0.88   64: 1.12   256: 1.39   128: 1.62   256: 1.46   -
+bias-grad, 16, 8 x 4   float mask  1.25       1.59       3.04       4.69       8.11        11.77       -           -
+bias-grad, 64, 1 x 8   block       128: 2.80  128: 1.81  128: 1.07  256: 1.17  256: 1.16   256: 1.29   512: 1.31   512: 1.38
+bias-grad, 64, 1 x 8   float mask  1.77       2.19       1.84       4.14       4.99        -           -           -
+bias-grad, 64, 8 x 4   block       128: 1.43  64: 1.09   64: 0.86   256: 1.11  256: 1.23   256: 1.40   256: 1.26   -
+bias-grad, 64, 8 x 4   float mask  1.21       1.29       1.73       2.56       4.92        7.14        -           -
+bias-grad, 128, 1 x 8  block       128: 1.77  128: 1.19  64: 0.86   128: 0.89  256: 1.10   256: 1.19   512: 1.26   256: 1.39
+bias-grad, 128, 1 x 8  float mask  1.37       1.28       1.23       2.25       3.69        -           -           -
+bias-grad, 128, 8 x 4  block       128: 1.33  64: 1.05   128: 0.74  256: 1.07  256: 1.18   256: 1.19   256: 1.26   -
+bias-grad, 128, 8 x 4  float mask  1.07       1.12       1.18       2.02       3.60        4.87        -           -
+=====================  ==========  =========  =========  =========  =========  ==========  ==========  ==========  ==========
 
 .. end tile table
 
@@ -295,7 +314,8 @@ def tile_table(data: dict[str, Any] | None = None) -> str:
     the stored :data:`TILES_FILE`'s), one column per length: ``block: ratio``, the fastest
     block and its time as a multiple of SDPA ``is_causal`` at the same shape, and under it
     (``float mask``) the ratio of SDPA with the materialised float mask where it was measured.
-    The header line names the run: ``quick`` for a provisional smoke run.
+    The header line names the run: ``quick`` for a provisional smoke run, else the number of
+    rounds whose median each ratio is.
 
     Args:
         data: a measurement's ``data`` dict (rows as ``benchmarks/attention_tiles_cpu.py``
@@ -328,7 +348,7 @@ def tile_table(data: dict[str, Any] | None = None) -> str:
     widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
     rule = "  ".join("=" * w for w in widths)
     fmt = lambda line: "  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip()  # noqa: E731
-    kind = "quick (provisional)" if data.get("quick") else "full"
+    kind = "quick (provisional)" if data.get("quick") else f"median of {data.get('rounds', '?')} rounds"
     clock = {"cpu": ", CPU time", "wall": ", wall-clock time"}.get(data.get("clock", ""), "")
     return "\n".join([f"Measurement: {kind}, {data.get('threads', '?')} thread(s){clock}, {data.get('dtype', 'float32')}, "
                       f"causal, batch and heads as given.", "", rule, fmt(head), rule, *map(fmt, body), rule])

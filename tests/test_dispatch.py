@@ -17,6 +17,8 @@ upstream gradients: all about 1 to 4 here) and ``C = 8`` for the few-ulp error o
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -660,6 +662,38 @@ def test_the_stored_measurement_has_provenance_and_ships_with_the_package():
     globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["companion"]
     package = root / "companion"
     assert any(dispatch.TILES_FILE in package.glob(g) for g in globs)
+
+
+def test_the_docstring_cites_the_stored_path_measurement():
+    """The ratios the module docstring gives for ALiBi, T5, KERPLE and FIRE through
+    fast_attention are the ranges of chapters/data/attention_paths_cpu.json (written by
+    benchmarks/attention_paths_cpu.py), and that run met the targets the docstring's numbers
+    support: at most 2.5x SDPA is_causal forward, 3x forward plus backward, 0.1 of the bias."""
+    from pathlib import Path
+
+    root = Path(dispatch.__file__).resolve().parents[1]
+    payload = companion.utils.load_result(root / "chapters" / "data" / "attention_paths_cpu.json")
+    data = payload["data"]
+    assert payload["provenance"]["command"].startswith("python benchmarks/attention_paths_cpu.py")
+    assert (data["config"]["batch"], data["config"]["heads"], data["config"]["head_dim"]) == (1, 8, 64)
+    assert data["config"]["lengths"] == [8192, 16384] and data["config"]["threads"] == 2
+    doc = " ".join(dispatch.__doc__.split())
+
+    def span(labels, mode, key="over_sdpa"):
+        vals = [r[key] for r in data["results"] if r["label"] in labels and r["mode"] == mode]
+        assert len(vals) == 2 * len(labels)  # both lengths
+        return min(vals), max(vals)
+
+    fwd, bwd = span(("alibi", "t5"), "forward"), span(("alibi", "t5"), "backward")
+    peak = max(span(("alibi", "t5"), m, "peak_over_bias")[1] for m in ("forward", "backward"))
+    assert fwd[1] <= 2.5 and bwd[1] <= 3.0 and peak <= 0.1
+    assert (f"take {fwd[0]:.2f} to {fwd[1]:.2f} times the time of SDPA ``is_causal`` without a bias forward, "
+            f"and {bwd[0]:.2f} to {bwd[1]:.2f} times forward plus backward, with a peak extra memory of "
+            f"at most {math.ceil(peak * 1000) / 1000:.3f} of the materialised float32 bias") in doc
+    kf, kb = span(("kerple",), "forward"), span(("kerple",), "backward")
+    assert f"KERPLE {kf[0]:.2f} to {kf[1]:.2f} and {kb[0]:.2f} to {kb[1]:.2f} times" in doc
+    ff = span(("fire",), "forward") + span(("fire",), "backward")
+    assert f"{min(ff):.2f} to {max(ff):.2f} times" in doc
 
 
 def test_the_docstring_table_is_the_stored_measurement():
