@@ -11,6 +11,7 @@ the real SmolLM2 tokenizer skip when its GGUF file is not cached.
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -166,7 +167,12 @@ def _cell(length=300, depth=0.4, trials=3):
 def test_shared_prefix_scores_equal_full_passes(method):
     model = tiny_llama(context_length=128)
     prompts, answers = _cell()
+    t0, c0 = time.perf_counter(), time.process_time()
     got = pk.score_prompts(model, prompts, answers, method, trainfree=TF, chunk=37)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    # the prefix and the trials ran one after another inside the call (unrounded times)
+    assert got["prefix_seconds"] + sum(t["seconds"] for t in got["trials"]) <= wall
+    assert sum(t["cpu_seconds"] for t in got["trials"]) <= cpu
     assert 150 < got["prefix_tokens"] < len(prompts[0])  # the filler before the key, run once
     alone = pk.score_prompts(model, prompts, answers, method, trainfree=TF, share=False)
     assert alone["prefix_tokens"] == 0
@@ -174,7 +180,7 @@ def test_shared_prefix_scores_equal_full_passes(method):
     for trial, again, (logps, exact) in zip(got["trials"], alone["trials"], ref):
         assert np.abs(np.subtract(trial["logp"], logps)).max() <= TOL, method
         assert np.abs(np.subtract(again["logp"], logps)).max() <= TOL, method
-        assert trial["exact"] == exact and trial["seconds"] >= 0 and trial["cpu_seconds"] >= 0
+        assert trial["exact"] == exact and trial["seconds"] > 0 and trial["cpu_seconds"] >= 0
     # the candidates are told apart by far more than the tolerance
     assert max(abs(t["logp"][0] - t["logp"][1]) for t in got["trials"]) > FAR
     assert model.rope.rope_config == {"rope_type": "default", "rope_theta": 100.0}
