@@ -49,7 +49,8 @@ book's 2-core AMD EPYC): ``L`` 128 to 16384, head dims 16, 64 and 128, ``1 x 8``
         --head-dims 16 64 128 --shapes 1x8 8x4 --blocks 64 128 256 512 1024 --rounds 2 \
         --threads 2 --clock wall --max-entries 2147483648
 
-``L = 32768`` is not measured; the dispatcher takes the nearest measured length (16384).
+``L = 32768`` is not measured, nor ``8 x 4`` at 16384; for those the dispatcher takes the
+nearest measured row (``L = 16384`` for ``1 x 8``, ``8192`` for ``8 x 4``).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ upstream gradients: all about 1 to 4 here) and ``C = 8`` for the few-ulp error o
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -50,6 +51,8 @@ from companion.lab.schemes import build_scheme
 from helpers import rand
 
 H, D = 4, 8
+
+ROOT = Path(dispatch.__file__).resolve().parents[1]  # the repository (pyproject, chapters/data)
 
 
 def make_scheme(cls: type, heads: int = H, head_dim: int = D, seed: int = 0) -> companion.PositionScheme:
@@ -650,7 +653,6 @@ def test_the_stored_measurement_has_provenance_and_ships_with_the_package():
     """companion/data/attention_tiles.json: written by save_result (command, commit, machine),
     flagged "quick" or not, and matched by pyproject's package-data (so the wheel has it)."""
     import tomllib
-    from pathlib import Path
 
     payload = companion.utils.load_result(dispatch.TILES_FILE)
     prov, data = payload["provenance"], payload["data"]
@@ -658,9 +660,8 @@ def test_the_stored_measurement_has_provenance_and_ships_with_the_package():
     assert {"git_commit", "cpu_model", "torch"} <= prov.keys()
     assert isinstance(data["quick"], bool) and ("--quick" in prov["command"]) == data["quick"]
     assert {r["mode"] for r in data["rows"]} == set(dispatch.MODES)
-    root = Path(dispatch.__file__).resolve().parents[1]
-    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["companion"]
-    package = root / "companion"
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["companion"]
+    package = ROOT / "companion"
     assert any(dispatch.TILES_FILE in package.glob(g) for g in globs)
 
 
@@ -669,10 +670,7 @@ def test_the_docstring_cites_the_stored_path_measurement():
     fast_attention are the ranges of chapters/data/attention_paths_cpu.json (written by
     benchmarks/attention_paths_cpu.py), and that run met the targets the docstring's numbers
     support: at most 2.5x SDPA is_causal forward, 3x forward plus backward, 0.1 of the bias."""
-    from pathlib import Path
-
-    root = Path(dispatch.__file__).resolve().parents[1]
-    payload = companion.utils.load_result(root / "chapters" / "data" / "attention_paths_cpu.json")
+    payload = companion.utils.load_result(ROOT / "chapters" / "data" / "attention_paths_cpu.json")
     data = payload["data"]
     assert payload["provenance"]["command"].startswith("python benchmarks/attention_paths_cpu.py")
     assert (data["config"]["batch"], data["config"]["heads"], data["config"]["head_dim"]) == (1, 8, 64)
