@@ -11,8 +11,10 @@ direct sums.
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -496,6 +498,18 @@ def test_published_recipes_are_sourced_and_their_fractions_computed():
     assert yarn["fraction"] < 1e-3  # "less than ~0.1% of the original pre-training data"
     rows[0]["model"] = "changed"
     assert recipe.published_recipes()[0]["model"] != "changed"  # a copy
+
+
+def test_every_cited_source_is_in_the_bibliography():
+    # chapter 13 cites a source whose ref is a bibliography key; the others name a repository,
+    # a file of the book or a package module, and are printed as written
+    bib = (Path(__file__).resolve().parents[1] / "book" / "references.bib").read_text(encoding="utf-8")
+    keys = set(re.findall(r"^@\w+\{([^,]+),", bib, re.M))
+    refs = {s["ref"] for r in recipe.published_recipes() + recipe.local_global_models() for s in r["sources"]}
+    cited = {ref for ref in refs if re.fullmatch(r"[a-z]+\d{4}[a-z0-9]+", ref)}
+    assert cited - keys == set()
+    assert {"gemmateam2025gemma3", "yang2024qwen25", "gemmateam2024gemma2"} <= cited
+    assert not any(ref.startswith("arXiv") for ref in refs)  # a paper is cited by its key
 
 
 def test_local_global_data_agrees_with_transformers_configs():
