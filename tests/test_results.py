@@ -1106,3 +1106,97 @@ def test_blocks_of_a_sweep_stored_without_them_is_a_clear_error():
         del run["eval"]["blocks"]
     with pytest.raises(ValueError, match="no per-block values for 'rope'"):
         Sweep(data).blocks("rope", "tail", sw.lengths[0])
+
+
+# ----------------------------------------------------------------------------------------------
+# chapter 13's bases run: the extension rows of several bases in one CSV
+# ----------------------------------------------------------------------------------------------
+
+BASES_RUN = {"rope-b100": 100.0, "rope": 10000.0, "rope-b1e6": 1e6}  # scheme -> base, stored order
+
+
+def _bases_case():
+    """Rows and data of a synthetic bases run: per scheme, seeds 2 and 0 (out of order), an
+    as-trained job (factor 1, 0 steps) and a fine-tuned one (factor 4, 5 steps), each with a
+    distinct value per cell and a unit with tail blocks."""
+    rng = np.random.default_rng(13)
+    rows, units, truth = [], [], {}
+    for scheme, base in BASES_RUN.items():
+        for seed in (2, 0):
+            for factor, steps in ((1.0, 0), (4.0, 5)):
+                for length in (TRAIN_LEN, 4 * TRAIN_LEN):
+                    v = float(rng.uniform(1, 5))
+                    truth[scheme, seed, factor, steps, length] = v
+                    rows.append({"scheme": scheme, "base": f"{base:g}", "seed": seed, "method": "none",
+                                 "factor": factor, "finetune_steps": steps, "metric": "bpb_tail",
+                                 "length": length, "where": "", "value": repr(v)})
+                units.append({"scheme": scheme, "base": base, "seed": seed, "method": "none", "factor": factor,
+                              "finetune_steps": steps, "tail": {str(TRAIN_LEN): rng.uniform(1, 5, 4).tolist()}})
+    bounds = {s: {"base": b, "head_dim": 16, "critical_dimension": 2 * i} for i, (s, b) in enumerate(BASES_RUN.items())}
+    return _as_csv_strings(rows), {"units": units, "bounds": bounds}, truth
+
+
+def test_bases_split_by_base():
+    from companion.lab.results import Bases
+
+    rows, data, truth = _bases_case()
+    run = Bases(rows, data)
+    assert run.bases == [100.0, 10000.0, 1e6]                    # increasing, whatever the stored order
+    for scheme, base in BASES_RUN.items():
+        assert run.scheme(base) == scheme
+        ext = run.extension(base)
+        for factor, steps in ((1.0, 0), (4.0, 5)):
+            got = ext.get("none", factor, steps, "bpb_tail", 4 * TRAIN_LEN)
+            assert got.tolist() == [truth[scheme, 0, factor, steps, 4 * TRAIN_LEN],
+                                    truth[scheme, 2, factor, steps, 4 * TRAIN_LEN]]    # seeds sorted
+            unit = [u for u in data["units"] if (u["scheme"], u["seed"], u["finetune_steps"]) == (scheme, 2, steps)]
+            assert ext.blocks("none", factor, steps, "tail", TRAIN_LEN, seeds=[2]).tolist() == \
+                [unit[0]["tail"][str(TRAIN_LEN)]]
+        assert run.bound(base) == data["bounds"][scheme]
+    # a base's extension holds no other base's rows
+    assert run.extension(100.0).get("none", 1.0, 0, "bpb_tail", TRAIN_LEN).tolist() != \
+        run.extension(1e6).get("none", 1.0, 0, "bpb_tail", TRAIN_LEN).tolist()
+
+
+def test_bases_round_trip_through_files(tmp_path):
+    from companion.lab.recipe_lab import BASES_CSV_FIELDS
+    from companion.lab.results import Bases, load_bases
+
+    rows, data, truth = _bases_case()
+    csv_path = save_csv(tmp_path / "bases.csv", rows, BASES_CSV_FIELDS, command="recipe_lab bases")
+    save_result(tmp_path / "bases.json", data)
+    run = load_bases(csv_path)
+    mem = Bases(rows, data)
+    for base in mem.bases:
+        assert run.extension(base).get("none", 4.0, 5, "bpb_tail", TRAIN_LEN).tolist() == \
+            mem.extension(base).get("none", 4.0, 5, "bpb_tail", TRAIN_LEN).tolist()
+    (tmp_path / "bases.json").unlink()
+    with pytest.raises(FileNotFoundError, match="bases.json"):
+        load_bases(csv_path)
+    with pytest.raises(TypeError, match="path"):
+        load_bases(None)
+
+
+def test_bases_bad_input():
+    from companion.lab.results import Bases
+
+    rows, data, _ = _bases_case()
+    run = Bases(rows, data)
+    with pytest.raises(ValueError, match=r"base must be one of \[100.0, 10000.0, 1000000.0\], got 500"):
+        run.extension(500)
+    with pytest.raises(ValueError, match="base must be one of"):
+        run.scheme(True)
+    with pytest.raises(ValueError, match=r"rows\[0\] lacks 'scheme' or 'base'"):
+        Bases([{k: v for k, v in rows[0].items() if k != "base"}], data)
+    with pytest.raises(ValueError, match=r"rows\[1\] has base 'x', not a number"):
+        Bases([rows[0], {**rows[1], "base": "x"}], data)
+    with pytest.raises(ValueError, match="'rope' appears under two bases"):
+        Bases([r if r["scheme"] != "rope" or i % 2 else {**r, "base": "20000"} for i, r in enumerate(rows)], data)
+    with pytest.raises(ValueError, match=r"data\['units'\]\[0\] lacks 'scheme'"):
+        Bases(rows, {"units": [{k: v for k, v in data["units"][0].items() if k != "scheme"}]})
+    with pytest.raises(TypeError, match="rows must be a list"):
+        Bases("rows", data)
+    with pytest.raises(TypeError, match="data must be"):
+        Bases(rows, None)
+    with pytest.raises(KeyError, match="no bounds"):
+        Bases(rows, {"units": data["units"]}).bound(100.0)

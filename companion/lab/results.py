@@ -1,7 +1,8 @@
 """Stored lab results, indexed for the claims the chapters make about them.
 
 :class:`Sweep` reads the JSON that ``python -m companion.lab sweep`` writes (chapter 8) and
-:class:`Extension` the CSV and JSON of ``python -m companion.lab extend`` (chapter 9). Both
+:class:`Extension` the CSV and JSON of ``python -m companion.lab extend`` (chapter 9), and
+:class:`Bases` those of ``python -m companion.lab.recipe_lab bases`` (chapter 13). All
 return NumPy arrays with one row per seed, so that a claim can be checked seed by seed
 (:func:`companion.lab.stats.check_seeds`), and the per-block values behind every
 bits-per-byte mean, so that it can be given a bootstrap interval
@@ -20,7 +21,8 @@ from .._checks import check_path
 from ..utils import load_csv, load_result
 from .stats import Interval, paired_bootstrap_ci
 
-__all__ = ["Sweep", "Extension", "difference", "merge_sweeps", "load_sweep", "merge_extensions", "load_extension"]
+__all__ = ["Sweep", "Extension", "Bases", "difference", "merge_sweeps", "load_sweep", "merge_extensions",
+           "load_extension", "load_bases"]
 
 #: The bits-per-byte metrics of a sweep: all positions, the last 64 (tail), sliding window.
 BPB_METRICS = ("all", "tail", "sliding")
@@ -441,3 +443,92 @@ def load_extension(path: str | os.PathLike[str]) -> "Extension":
         parts.append((prov, rows, load_result(js)["data"]))
     rows, data = merge_extensions(parts, names=[f.stem for f in csvs])
     return Extension(rows, data)
+
+
+class Bases:
+    """Chapter 13's bases run: one :class:`Extension` per RoPE base, and what
+    :mod:`companion.recipe` predicts for each.
+
+    ``rows`` are the run's CSV rows (:data:`companion.lab.recipe_lab.BASES_CSV_FIELDS`: an
+    extension row with its ``scheme`` and ``base``), ``data`` the ``data`` of its JSON
+    (``units`` each with its ``scheme``, and ``bounds`` keyed by scheme). ``bases`` lists the
+    bases in increasing order; :meth:`extension` gives one base's jobs (method ``none``, as
+    trained at factor 1 and fine-tuned at the run's factor); :meth:`bound` its bounds.
+
+    Raises:
+        TypeError: ``rows`` or ``data`` of the wrong type.
+        ValueError: a row without ``scheme`` or ``base`` (or a base that is not a number), a
+            unit without ``scheme``, one scheme under two bases, or what :class:`Extension` raises.
+    """
+
+    def __init__(self, rows: Sequence[Mapping[str, str]], data: Mapping[str, Any]) -> None:
+        if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence):
+            raise TypeError(f"rows must be a list of a bases CSV's rows, got {type(rows).__name__}")
+        if not isinstance(data, Mapping):
+            raise TypeError(f"data must be a bases result's data (a dict), got {type(data).__name__}")
+        schemes: dict[str, float] = {}
+        for i, r in enumerate(rows):
+            if not isinstance(r, Mapping) or _missing(r, ("scheme", "base")):
+                raise ValueError(f"rows[{i}] lacks 'scheme' or 'base'; a row of a bases CSV holds them before "
+                                 f"{list(_ROW_FIELDS)}")
+            try:
+                base = float(r["base"])
+            except (TypeError, ValueError):
+                raise ValueError(f"rows[{i}] has base {r['base']!r}, not a number") from None
+            if schemes.setdefault(r["scheme"], base) != base:
+                raise ValueError(f"scheme {r['scheme']!r} appears under two bases ({schemes[r['scheme']]:g} and "
+                                 f"{base:g})")
+        units = data.get("units", [])
+        if isinstance(units, (str, bytes, Mapping)) or not isinstance(units, Sequence):
+            raise TypeError(f"data['units'] must be a list of per-unit records, got {type(units).__name__}")
+        for i, u in enumerate(units):
+            if not isinstance(u, Mapping) or "scheme" not in u:
+                raise ValueError(f"data['units'][{i}] lacks 'scheme'")
+        self.data = data
+        self.bases = sorted(set(schemes.values()))
+        self._scheme = {b: s for s, b in schemes.items()}
+        self._ext = {
+            b: Extension([r for r in rows if r["scheme"] == s],
+                         {"units": [u for u in units if u["scheme"] == s]})
+            for b, s in self._scheme.items()}
+
+    def _base(self, base: float) -> float:
+        if isinstance(base, bool) or not isinstance(base, (int, float, np.integer, np.floating)) or \
+                float(base) not in self._ext:
+            raise ValueError(f"base must be one of {self.bases}, got {base!r}")
+        return float(base)
+
+    def scheme(self, base: float) -> str:
+        """The lab scheme trained at ``base`` (``rope`` at 10000, ``rope-b<base>`` otherwise)."""
+        return self._scheme[self._base(base)]
+
+    def extension(self, base: float) -> Extension:
+        """The jobs of the models trained at ``base``, as an :class:`Extension`."""
+        return self._ext[self._base(base)]
+
+    def bound(self, base: float) -> dict[str, Any]:
+        """What :mod:`companion.recipe` predicts for ``base`` (``critical_dimension``,
+        ``extrapolation_bound``, ``longest_context``, ``head_dim``, ``train_len``)."""
+        bounds = self.data.get("bounds", {})
+        scheme = self.scheme(base)
+        if scheme not in bounds:
+            raise KeyError(f"the run stores no bounds for {scheme!r}")
+        return dict(bounds[scheme])
+
+
+def load_bases(path: str | os.PathLike[str]) -> Bases:
+    """A :class:`Bases` from the CSV of a ``recipe_lab bases`` run and the JSON beside it
+    (same name, ``.json``).
+
+    Raises:
+        TypeError: ``path`` is not a ``str`` or ``os.PathLike``.
+        FileNotFoundError: no such CSV, or no JSON beside it.
+        ValueError: what :func:`~companion.utils.load_csv`, :func:`~companion.utils.load_result`
+            or :class:`Bases` raise.
+    """
+    path = check_path(path, "path")
+    js = path.with_suffix(".json")
+    if not js.is_file():
+        raise FileNotFoundError(f"{path.name} has no {js.name} beside it (the --json of its command)")
+    _, rows = load_csv(path)
+    return Bases(rows, load_result(js)["data"])
