@@ -18,6 +18,11 @@ Training-free length extension (:mod:`companion.trainfree`): :meth:`LlamaModel.s
 every layer by ReRoPE, Leaky ReRoPE or Self-Extend (``token_nll`` then scores with it), and
 :func:`companion.trainfree.stream_nll` reads a long stream through an attention-sink cache (StreamingLLM).
 
+Attention temperature and entropy (chapter 13): :meth:`LlamaModel.set_attention_temperature`
+multiplies the queries of chosen layers by a :class:`companion.model.AttentionTemperature`
+of their position, and :meth:`LlamaModel.attention_entropy` measures how spread each head's
+attention is over the keys for the last queries of a prefill.
+
 Weights come from a GGUF file through the ``gguf`` package (every tensor dequantized to
 float32) and the tokenizer from the GGUF metadata through the ``tokenizers`` library
 (byte-level BPE from the stored tokens and merges). The model file itself is cached by
@@ -38,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -55,6 +60,7 @@ from ._checks import (
     check_float_tensor,
     check_positive_int,
 )
+from .model import AttentionTemperature
 from .rope import RotaryEmbedding, check_layout, convert_qk_weight
 from .trainfree import ReRoPE, SelfExtend, SinkCache
 
@@ -393,11 +399,17 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False, device=device)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False, device=device)
         self.mode: ReRoPE | SelfExtend | None = None
+        self.temperature: AttentionTemperature | None = None
+        self.probe = 0  # > 0: record the attention entropy of this many last queries (prefill only)
+        self.entropy: Tensor | None = None
 
     def forward(self, x: Tensor, rope: RotaryEmbedding, start: int, cache: KVCache | SinkCache | None) -> Tensor:
         """Attention for ``x`` ``(batch, seq, dim)`` at positions ``start ..``, extending ``cache`` if given."""
         b, t, _ = x.shape
         q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        if self.temperature is not None:  # tau of each query's position, computed in float32
+            tau = self.temperature.scales(torch.arange(start, start + t, device=x.device), torch.float32)
+            q = q * tau.to(q.dtype)[:, None]
         k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         if isinstance(cache, SinkCache):  # StreamingLLM: unrotated keys, rotated inside the cache
@@ -410,6 +422,8 @@ class Attention(nn.Module):
         q, k = rope.rotate(q, k, pos, pos)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
+        if self.probe:
+            self.entropy = self._entropy(q[:, :, -self.probe:], k, start + t - min(self.probe, t))
         # enable_gqa: query head h reads key/value head h // (n_heads // n_kv_heads), without
         # materialising the repeated keys (bit-identical to repeat_interleave on CPU)
         if start == 0:  # the queries are positions 0 .. t-1 of the keys: plain causal
@@ -421,6 +435,18 @@ class Attention(nn.Module):
                 mask = k_pos[None, :] <= pos[:, None]  # (t, start + t), not L x L
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         return self.wo(y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
+
+    def _entropy(self, q: Tensor, k: Tensor, first: int) -> Tensor:
+        """Mean entropy in bits ``(batch, n_heads)`` of the attention of queries ``q`` (at
+        positions ``first ..``) over the causal prefix of keys ``k``, in float32."""
+        group = self.n_heads // self.n_kv_heads
+        kk = k.float().repeat_interleave(group, dim=1)
+        scores = q.float() @ kk.transpose(-1, -2) / self.head_dim ** 0.5  # (b, h, probe, keys)
+        q_pos = torch.arange(first, first + q.shape[2], device=q.device)
+        visible = torch.arange(k.shape[2], device=q.device)[None, :] <= q_pos[:, None]
+        logp = torch.log_softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+        ent = -(logp.exp() * logp.masked_fill(~visible, 0.0)).sum(-1) / torch.log(torch.tensor(2.0))
+        return ent.mean(-1)
 
 
 class FeedForward(nn.Module):
@@ -528,6 +554,84 @@ class LlamaModel(nn.Module):
             yield self
         finally:
             self.set_attention_mode(previous)
+
+    def set_attention_temperature(self, temperature: AttentionTemperature | None,
+                                  layers: Sequence[int] | None = None) -> None:
+        """Multiply the queries of ``layers`` (default: every layer) by ``temperature`` of each
+        query's position (:class:`companion.model.AttentionTemperature`; ``None`` removes it),
+        which multiplies their attention logits; the other layers are left as they are.
+
+        Raises:
+            TypeError: ``temperature`` not an ``AttentionTemperature`` or ``None``; ``layers``
+                not a sequence of ints.
+            IndexError: a layer outside ``[0, n_layers)``.
+            ValueError: a repeated layer.
+        """
+        if temperature is not None and not isinstance(temperature, AttentionTemperature):
+            raise TypeError(f"temperature must be an AttentionTemperature or None, got {type(temperature).__name__}")
+        n = self.config.n_layers
+        if layers is None:
+            chosen = list(range(n))
+        else:
+            if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence):
+                raise TypeError(f"layers must be a sequence of layer indices, got {type(layers).__name__}")
+            chosen = []
+            for layer in layers:
+                if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
+                    raise TypeError(f"layers must hold ints, got {layer!r}")
+                if not 0 <= int(layer) < n:
+                    raise IndexError(f"layers must lie in [0, {n}), got {int(layer)}")
+                chosen.append(int(layer))
+            if len(set(chosen)) < len(chosen):
+                raise ValueError(f"layers must not repeat a layer, got {chosen}")
+        for i in chosen:
+            self.layers[i].attention.temperature = temperature
+
+    @property
+    def attention_temperatures(self) -> list[AttentionTemperature | None]:
+        """The temperature of each layer (``None`` where there is none)."""
+        return [block.attention.temperature for block in self.layers]
+
+    @torch.no_grad()
+    def attention_entropy(self, ids: Tensor, last: int = 64, *,
+                          return_hidden: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Attention entropy in bits ``(n_layers, n_heads)`` of one prefill of ``ids`` ``(1, n)``:
+        for each layer and query head, the entropy of the attention weights over the visible
+        keys, averaged over the ``last`` queries (with the installed RoPE and temperatures,
+        computed in float32). ``log2(p + 1)`` bits is the most a query at position ``p`` can
+        have (uniform weights); 0 is all weight on one key. With ``return_hidden``, also the
+        pass's final hidden states ``(1, n, dim)`` (what :meth:`hidden` returns), so that one
+        pass gives the losses too.
+
+        Raises:
+            TypeError, ValueError: bad ``ids`` (as :meth:`hidden`), ``ids`` of another batch
+                size than 1, or ``last`` outside ``[1, n]``.
+            ValueError: a training-free attention mode is installed (its prefill is another
+                attention; set it to ``None`` first).
+        """
+        ids = self._check_ids(ids)
+        check_bool(return_hidden, "return_hidden")
+        if ids.shape[0] != 1:
+            raise ValueError(f"ids must be one sequence (1, n), got shape {tuple(ids.shape)}")
+        n = ids.shape[1]
+        last = check_positive_int(last, "last")
+        if last > n:
+            raise ValueError(f"last must lie in [1, {n}] (the sequence's length), got {last}")
+        if self._attention_mode is not None:
+            raise ValueError(f"attention mode {self._attention_mode.name!r} is installed; attention_entropy "
+                             f"measures plain attention: call set_attention_mode(None) first")
+        blocks = [block.attention for block in self.layers]
+        try:
+            for a in blocks:
+                a.probe, a.entropy = last, None
+            x = self.tok_embeddings(ids).to(self.norm.weight.dtype)
+            for block in self.layers:
+                x = block(x, self.rope, 0, None)
+            entropy = torch.stack([a.entropy[0] for a in blocks])
+            return (entropy, self.norm(x)) if return_hidden else entropy
+        finally:
+            for a in blocks:
+                a.probe, a.entropy = 0, None
 
     def set_rope_config(self, rope_config: Mapping[str, Any] | None) -> None:
         """Install a RoPE scaling config (chapter 9) in every layer, or ``None`` for plain RoPE.

@@ -1,4 +1,5 @@
-"""The command lines of chapter 10's second edition: ``docs``, ``context`` and ``retrieval``.
+"""The command lines of chapter 10's second edition (``docs``, ``context``, ``retrieval``) and
+chapter 13's ``temperature``.
 
 Subcommands of ``python -m companion.longctx`` (registered by ``add_commands``), on
 SmolLM2-135M (``--model smollm2``) or Gemma 3 270M (``--model gemma3``)::
@@ -15,6 +16,13 @@ SmolLM2-135M (``--model smollm2``) or Gemma 3 270M (``--model gemma3``)::
   on the ``--documents`` longest of them: per document, the sliding baseline and one pass
   per method. Its JSON sidecar holds the document set and, per method, the value of the
   context beyond the native window with its interval (:func:`companion.longctx_docs.context_value`).
+* ``temperature`` (chapter 13) measures attention entropy and loss against context length on
+  windows that end together, as trained within the native context and with and without an
+  attention temperature past it (:mod:`companion.longctx_temperature`)::
+
+    python -m companion.longctx temperature --lengths 2048 4096 8192 16384 --documents 4 \
+        --exclude 'encodings/*' --cache runs/13_temperature \
+        --out chapters/data/13_recipe/real_temperature.csv
 * ``retrieval`` runs the passkey measure (:func:`companion.passkey.passkey_rows`): for each
   length, depth and format, ``--trials`` keys, with ``--methods`` beyond the native context
   and ``--native-methods`` within it.
@@ -45,12 +53,15 @@ from ._cli import SMOKE_RUN, say
 from .longctx import (METHODS, TRAINFREE_METHODS, _add_run_flags, _add_trainfree_flags, _check_trainfree_args,
                       _duration, _save_rows, _trainfree_flags)
 
-__all__ = ["MODELS", "QUICK_CONTEXT", "QUICK_RETRIEVAL", "load_subject", "cached_unit"]
+__all__ = ["MODELS", "QUICK_CONTEXT", "QUICK_RETRIEVAL", "QUICK_TEMPERATURE", "load_subject", "cached_unit"]
 
 #: The models the commands run, by ``--model`` name.
 MODELS: tuple[str, ...] = ("smollm2", "gemma3")
 #: What ``context --quick`` sets: one document, a 512-token window, two methods.
 QUICK_CONTEXT: dict[str, Any] = {"context": 256, "documents": 1, "block": 64, "bucket": 64, "methods": ["none", "yarn"]}
+#: What ``temperature --quick`` sets: one document, a 256-token native window stretched to 512.
+QUICK_TEMPERATURE: dict[str, Any] = {"lengths": [256, 512], "documents": 1, "native": 256, "last": 16, "tail": 64,
+                                     "block": 32}
 #: What ``retrieval --quick`` sets: two keys in one 512-token classic prompt, the key in the middle.
 QUICK_RETRIEVAL: dict[str, Any] = {"lengths": [512], "depths": [0.5], "trials": 2, "formats": ["classic"]}
 
@@ -190,12 +201,42 @@ def _check_retrieval_args(args: argparse.Namespace) -> None:
     _check_trainfree_args(args)
 
 
+def _check_temperature_args(args: argparse.Namespace) -> None:
+    """Every ``temperature`` flag, before anything is loaded."""
+    _check_out(args)
+    if args.model != "smollm2":
+        raise ValueError("--model: the temperature measure runs on smollm2 (companion.llama's attention hooks)")
+    for n in args.lengths:
+        check_positive_int(n, "--lengths", minimum=2)
+    if len(set(args.lengths)) < len(args.lengths):
+        raise ValueError(f"--lengths must not repeat a length, got {' '.join(map(str, args.lengths))}")
+    shortest = min(args.lengths)
+    for flag in ("last", "tail", "block"):
+        v = check_positive_int(getattr(args, flag), f"--{flag}")
+        if v > shortest - 1:
+            raise ValueError(f"--{flag} must lie in [1, min(--lengths) - 1] = [1, {shortest - 1}], got {v}")
+    if args.tail % args.block:
+        raise ValueError(f"--block ({args.block}) must divide --tail ({args.tail})")
+    if args.documents is not None:
+        check_positive_int(args.documents, "--documents")
+    if args.native is not None:
+        check_positive_int(args.native, "--native", minimum=2)
+
+
 # ----------------------------------------------------------------------------- parsers
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", choices=MODELS, default="smollm2", help="the model (default: smollm2, SmolLM2-135M)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+
+
+def _document_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--split", choices=("val", "train", "all"), default="val",
+                   help="the lab corpus's split the documents come from (default: val)")
+    p.add_argument("--exclude", nargs="+", default=[],
+                   help="fnmatch patterns of paths to leave out, e.g. 'encodings/*', the generated code-page "
+                        "tables (default: none)")
 
 
 def _measure_flags(p: argparse.ArgumentParser) -> None:
@@ -230,11 +271,7 @@ def add_commands(sub: Any) -> dict[str, tuple[argparse.ArgumentParser, Callable,
                         "8192 for smollm2, 32768 for gemma3)")
     c.add_argument("--documents", type=int, default=None,
                    help="the longest documents of at least 2T tokens to use (default: every one)")
-    c.add_argument("--split", choices=("val", "train", "all"), default="val",
-                   help="the lab corpus's split the documents come from (default: val)")
-    c.add_argument("--exclude", nargs="+", default=[],
-                   help="fnmatch patterns of paths to leave out, e.g. 'encodings/*', the generated code-page "
-                        "tables (default: none)")
+    _document_flags(c)
     c.add_argument("--methods", nargs="+", choices=METHODS + TRAINFREE_METHODS, default=None,
                    help="methods, each a pass of 2T tokens per document (default: every scaling method, and for "
                         "smollm2 every training-free one)")
@@ -279,8 +316,30 @@ def add_commands(sub: Any) -> dict[str, tuple[argparse.ArgumentParser, Callable,
     _measure_flags(r)
     r.add_argument("--out", required=True, help="CSV file of the trials, with provenance (required)")
     _add_run_flags(r, QUICK_RETRIEVAL)
+
+    t = sub.add_parser("temperature", help="attention entropy and loss against context length, with and without "
+                                           "an attention temperature (chapter 13)")
+    _common(t)
+    t.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192, 16384],
+                   help="window lengths in tokens; every window ends at the longest's last token (default: 2048 "
+                        "4096 8192 16384)")
+    t.add_argument("--documents", type=int, default=None,
+                   help="the longest documents of at least max(--lengths) tokens to use (default: every one)")
+    _document_flags(t)
+    t.add_argument("--native", type=int, default=None,
+                   help="treat the model as trained at this many tokens (the YaRN factor and log-n's length "
+                        "are taken from it): a smoke run's small windows (default: the model's, 8192)")
+    t.add_argument("--last", type=int, default=64, help="queries whose attention entropy is averaged (default: 64)")
+    t.add_argument("--tail", type=int, default=1024, help="last targets whose loss is stored (default: 1024)")
+    t.add_argument("--block", type=int, default=64, help="targets per stored loss (default: 64)")
+    t.add_argument("--cache", default=None,
+                   help="a folder for finished units: a run started again reuses them (default: none, nothing kept)")
+    t.add_argument("--json", default=None, help="a JSON sidecar with the settings and documents (default: none)")
+    t.add_argument("--out", required=True, help="CSV file of the rows, with provenance (required)")
+    _add_run_flags(t, QUICK_TEMPERATURE)
     return {"docs": (d, _check_docs_args, _cmd_docs, {}), "context": (c, _check_context_args, _cmd_context, QUICK_CONTEXT),
-            "retrieval": (r, _check_retrieval_args, _cmd_retrieval, QUICK_RETRIEVAL)}
+            "retrieval": (r, _check_retrieval_args, _cmd_retrieval, QUICK_RETRIEVAL),
+            "temperature": (t, _check_temperature_args, _cmd_temperature, QUICK_TEMPERATURE)}
 
 
 def _check_docs_args(args: argparse.Namespace) -> None:
@@ -459,4 +518,50 @@ def _cmd_retrieval(args: argparse.Namespace, command: str, error: Any) -> int:
                 "summary": [{"format": f, "method": m, "length": n, "depth": dp, "gain": s["gain"].estimate,
                              "gain_low": s["gain"].low, "gain_high": s["gain"].high, "exact": s["exact"].estimate,
                              "trials": s["trials"]} for (f, m, n, dp), s in summary.items()]}
+    return _finish(args, command, data)
+
+
+def _cmd_temperature(args: argparse.Namespace, command: str, error: Any) -> int:
+    import dataclasses
+
+    from .longctx_docs import documents_record, long_documents
+    from .longctx_temperature import TEMPERATURE_FIELDS, temperature_rows
+
+    progress = say(args.quiet)
+    model, tok, _ = load_subject(args.model)
+    if args.native is not None:
+        model.config = dataclasses.replace(model.config, context_length=args.native)
+    end = max(args.lengths)
+    docs = long_documents(tok, end, split=args.split, exclude=args.exclude)
+    if not docs:
+        error(f"no document of the {args.split!r} split has max(--lengths) = {end} tokens")
+    docs = docs[:args.documents] if args.documents else docs
+    progress(f"temperature: {len(docs)} document(s) x {len(args.lengths)} length(s) on {args.model} (native "
+             f"{model.config.context_length}); a unit is one document, a pass per length and condition"
+             f"{'' if args.quick else '; --quick for a smoke run'}")
+    rows: list[dict[str, Any]] = []
+    ident = _model_id(args, model)
+    t0, computed = time.perf_counter(), 0
+    for done, doc in enumerate(docs, 1):
+        params = dict(ident, measure="temperature", document=doc.ids_sha256, lengths=sorted(args.lengths),
+                      last=args.last, tail=args.tail, block=args.block)
+
+        def compute(doc=doc) -> list[dict[str, Any]]:
+            return temperature_rows(model, doc.ids, sorted(args.lengths), document=doc.path, last=args.last,
+                                    tail=args.tail, block=args.block, progress=progress)
+
+        got, reused = cached_unit(args.cache, "temperature", params, compute)
+        rows += got
+        computed += not reused
+        spent = time.perf_counter() - t0
+        left = spent / computed * (len(docs) - done) if computed else 0.0
+        progress(f"  unit {done}/{len(docs)} {doc.path}{' (from the cache)' if reused else ''}; "
+                 f"{_duration(spent)} so far, about {_duration(left)} left")
+        _save_rows(args, rows, TEMPERATURE_FIELDS, command)
+    data = None
+    if args.json:
+        data = {"documents": documents_record(docs, min_tokens=end, split=args.split, tokenizer=args.model,
+                                              exclude=args.exclude),
+                "model": ident, "lengths": sorted(args.lengths), "last": args.last, "tail": args.tail,
+                "block": args.block, "seconds": time.perf_counter() - t0}
     return _finish(args, command, data)

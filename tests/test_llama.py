@@ -937,3 +937,119 @@ def test_fetch_reports_progress_with_sizes(tmp_path, monkeypatch, capsys):
     assert out == f"{path}\n" and "already cached" in err
     assert pt.main(["fetch", "--model", "smollm2", "--quiet"]) == 0
     assert capsys.readouterr() == (f"{path}\n", "")
+
+
+# ----------------------------------------------------------------------------- temperature and entropy (chapter 13)
+
+
+@torch.no_grad()
+def _reference_attention(model, ids, layer):
+    """Layer ``layer``'s q and k (after RoPE, queries scaled by the layer's temperature) and its
+    input, by hand from the weights: an independent path to the attention weights."""
+    cfg = model.config
+    x = model.tok_embeddings(ids).double()
+    for i, block in enumerate(model.layers):
+        a = block.attention
+        hx = block.attention_norm(x)
+        n = ids.shape[1]
+        q = (hx @ a.wq.weight.double().T).view(1, n, cfg.n_heads, cfg.head_dim).transpose(1, 2)
+        k = (hx @ a.wk.weight.double().T).view(1, n, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+        pos = torch.arange(n)
+        if a.temperature is not None:
+            q = q * a.temperature.scales(pos, torch.float64)[:, None]
+        q, k = model.rope.rotate(q, k, pos, pos)
+        if i == layer:
+            return q, k
+        x = block(x, model.rope, 0, None)
+    raise AssertionError("layer out of range")
+
+
+def test_attention_entropy_matches_weights_computed_by_hand():
+    from companion.model import AttentionTemperature
+
+    model = _tiny_model().double()
+    torch.manual_seed(1)
+    ids = torch.randint(0, 20, (1, 24))
+    temp = AttentionTemperature("log-n", length=8)
+    model.set_attention_temperature(temp, layers=[1])
+    assert model.attention_temperatures == [None, temp]
+    last = 5
+    got = model.attention_entropy(ids, last=last)
+    assert not got.requires_grad
+    assert got.shape == (2, 2)
+    for layer in range(2):
+        q, k = _reference_attention(model, ids, layer)
+        k = k.repeat_interleave(2, dim=1)
+        for h in range(2):
+            ents = []
+            for p in range(24 - last, 24):  # query p sees keys 0..p
+                w = torch.softmax(q[0, h, p] @ k[0, h, :p + 1].T / 8 ** 0.5, -1)
+                ents.append(float(-(w * torch.log2(w)).sum()))
+            # float32 softmax over <= 24 keys of logits ~1: rounding ~1e-6 bits; a wrong mask,
+            # a missing temperature or a wrong head grouping moves it by > 1e-2 (checked below)
+            assert abs(got[layer, h].item() - sum(ents) / last) < 1e-4
+    # the temperature changes layer 1 (positions 8.. get tau > 1) and not layer 0
+    model.set_attention_temperature(None)
+    plain = model.attention_entropy(ids, last=last)
+    assert torch.equal(plain[0], got[0]) and (plain[1] - got[1]).abs().max() > 1e-2
+    # return_hidden: the same pass's hidden states, what hidden() gives
+    ent, h = model.attention_entropy(ids, last=last, return_hidden=True)
+    with torch.no_grad():
+        assert torch.equal(ent, plain) and torch.equal(h, model.hidden(ids))
+    with pytest.raises(TypeError, match="return_hidden"):
+        model.attention_entropy(ids, last=last, return_hidden=1)
+    # the probe is cleared: a plain forward records nothing
+    assert all(b.attention.probe == 0 and b.attention.entropy is None for b in model.layers)
+
+
+def test_attention_temperature_scales_the_logits_in_the_forward():
+    """A constant temperature tau in every layer equals multiplying q's weights by tau (1.5:
+    exact in the float32 that tau is computed in)."""
+    from companion.model import AttentionTemperature
+
+    model = _tiny_model().double()
+    ids = torch.randint(0, 20, (1, 12), generator=torch.Generator().manual_seed(2))
+    model.set_attention_temperature(AttentionTemperature("constant", strength=1.5))
+    with torch.no_grad():
+        hot = model(ids)
+    model.set_attention_temperature(None)
+    with torch.no_grad():
+        for block in model.layers:
+            block.attention.wq.weight.mul_(1.5)
+        scaled = model(ids)
+        # float64: both paths round to ~1e-15; a missing scale moves the logits by O(0.1)
+        assert (hot - scaled).abs().max().item() < 1e-10
+        for block in model.layers:
+            block.attention.wq.weight.div_(1.5)
+        assert (model(ids) - hot).abs().max().item() > 1e-3
+
+
+def test_attention_temperature_and_entropy_bad_input():
+    from companion.model import AttentionTemperature
+
+    model, ids = _tiny_model(), torch.tensor([[1, 2, 3, 4]])
+    with pytest.raises(TypeError, match="temperature must be an AttentionTemperature or None, got float"):
+        model.set_attention_temperature(1.5)
+    t = AttentionTemperature("log-n", length=4)
+    with pytest.raises(IndexError, match=r"layers must lie in \[0, 2\), got 2"):
+        model.set_attention_temperature(t, layers=[2])
+    with pytest.raises(IndexError, match=r"layers must lie in \[0, 2\), got -1"):
+        model.set_attention_temperature(t, layers=[-1])
+    with pytest.raises(TypeError, match="layers must hold ints, got True"):
+        model.set_attention_temperature(t, layers=[True])
+    with pytest.raises(TypeError, match="layers must be a sequence"):
+        model.set_attention_temperature(t, layers=1)
+    with pytest.raises(ValueError, match="layers must not repeat"):
+        model.set_attention_temperature(t, layers=[0, 0])
+    assert model.attention_temperatures == [None, None]          # nothing was installed by a refused call
+    with pytest.raises(ValueError, match=r"last must lie in \[1, 4\]"):
+        model.attention_entropy(ids, last=5)
+    with pytest.raises(ValueError, match="last must be"):
+        model.attention_entropy(ids, last=0)
+    with pytest.raises(ValueError, match=r"ids must be one sequence \(1, n\)"):
+        model.attention_entropy(torch.tensor([[1, 2], [3, 4]]), last=1)
+    from companion.trainfree import ReRoPE
+
+    with model.attention_mode(ReRoPE(window=2)):
+        with pytest.raises(ValueError, match="attention mode 'rerope' is installed"):
+            model.attention_entropy(ids, last=1)
