@@ -33,6 +33,9 @@ SCHEME_COLORS: dict[str, str] = {
     "cope": "#DDCC77",
     "rope-nope": "#E31A1C",
     "rope-window-nope": "#FB9A99",
+    "rope-local-global": "#1F78B4",
+    "irope": "#33A02C",
+    "irope-temp": "#B2DF8A",
     "scaling": "#F0E442",
     "sincos-2d": "#0072B2",
     "learned-2d": "#56B4E9",
@@ -60,6 +63,9 @@ SCHEME_MARKERS: dict[str, str] = {
     "kerple-power": "d",
     "rope-nope": "H",
     "rope-window-nope": "8",
+    "rope-local-global": "+",
+    "irope": "x",
+    "irope-temp": "1",
 }
 
 #: One style per RoPE scaling method (chapters 9, 10 and 13) and training-free method (chapters 10
@@ -162,6 +168,9 @@ STYLE_ALIASES: dict[str, tuple[str, ...]] = {
     "kerple-power": ("Kerple (power)", "Kerple power"),
     "rope-nope": ("RoPE + NoPE", "RoPE/NoPE"),
     "rope-window-nope": ("windowed RoPE + global NoPE", "windowed RoPE"),
+    "rope-local-global": ("local RoPE + global RoPE 1e6", "local RoPE + global RoPE"),
+    "irope": ("chunked RoPE + global NoPE", "iRoPE"),
+    "irope-temp": ("chunked RoPE + global NoPE, temperature", "iRoPE with temperature"),
     "p-rope-0.375": ("p-RoPE (p = 3/8)",),
     "sincos-2d": ("2-D sin-cos", "2-D sinusoidal"),
     "learned-2d": ("2-D learned",),
