@@ -623,7 +623,7 @@ def test_temperature_job_is_paired_and_sharpens_the_first_layer(tiny_ckpts):
                                      entropy_windows=1)
     r = out["results"]
     assert out["layers"] == [0, 1]  # a RoPE model: every layer
-    assert r["trained"] == r["none"]
+    assert r["trained"] is r["none"]  # a model trained without a temperature is measured once for both
     assert r["log-n"]["32"]["entropy"] == r["none"]["32"]["entropy"]  # tau = 1 within the training length
     assert r["log-n"]["128"]["tau_last"] == pytest.approx(math.log(128) / math.log(32))
     # softmax(tau z) has less entropy than softmax(z) for tau > 1: the first layer sees the same inputs
@@ -633,6 +633,8 @@ def test_temperature_job_is_paired_and_sharpens_the_first_layer(tiny_ckpts):
     assert hyb["layers"] == [1]  # iRoPE: the NoPE layer only
     assert hyb["results"]["trained"]["128"]["tau_last"] == pytest.approx(1 + 0.1 * math.log(1 + 128 // 16))
     assert hyb["results"]["none"]["128"]["entropy"][0] == hyb["results"]["trained"]["128"]["entropy"][0]
+    assert hyb["results"]["none"]["128"]["tau_last"] == 1.0  # a trained temperature: both measured
+    assert hyb["results"]["none"]["128"]["entropy"][1] != hyb["results"]["trained"]["128"]["entropy"][1]
 
 
 def test_temperature_for_names():

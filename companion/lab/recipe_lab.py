@@ -207,7 +207,9 @@ def temperature_job(checkpoint: str, temperatures: Sequence[str], multiples: Seq
     length, :func:`~companion.lab.evaluate.bits_per_byte`); the same windows for every
     temperature. Returns ``{"config", "layers", "results": {name: {length: {"entropy",
     "tail", "tail_blocks", "tau_last"}}}, "seconds"}``, ``layers`` the layers that got the
-    temperatures and ``tau_last`` the temperature of the window's last query.
+    temperatures and ``tau_last`` the temperature of the window's last query. A model
+    trained without a temperature is measured once for ``trained`` and ``none``, which are
+    then the same model.
     """
     t0 = time.perf_counter()
     model, ckpt = load_checkpoint(checkpoint)
@@ -219,7 +221,12 @@ def temperature_job(checkpoint: str, temperatures: Sequence[str], multiples: Seq
     targets = _temperature_layers(model)
     trained = [b.attn.temperature for b in model.blocks]
     results: dict[str, Any] = {}
+    untrained = all(t is None for t in trained)  # then "trained" and "none" are the same model
     for name in temperatures:
+        twin = {"trained": "none", "none": "trained"}.get(name)
+        if untrained and twin in results:
+            results[name] = results[twin]  # the same windows, the same model: measured once
+            continue
         per: dict[str, Any] = {}
         for w in lengths:
             for i, block in enumerate(model.blocks):
