@@ -49,6 +49,7 @@ from ._checks import check_base, check_finite_number, check_positive_int
 from .scaling import yarn_get_mscale
 
 __all__ = ["critical_dimension", "extrapolation_bound", "critical_base", "decay_sum", "longest_context",
+           "longest_context_of",
            "base_lower_bound", "abf_base", "logn_logit_scale", "longrope_logit_scale", "yarn_logit_scale",
            "published_recipes", "local_global_models"]
 
@@ -148,7 +149,11 @@ def _first_negative(base: float, d: int, length: int) -> int:
     block as two matrix products (each factor from cos/sin of an exact float64 product, so the
     error is a few ulps per term, as for ``cos(m theta)`` directly); blocks double until the
     first negative value, so a base that fails early costs little."""
-    theta = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    return _first_negative_of(base ** (-np.arange(0, d, 2, dtype=np.float64) / d), length)
+
+
+def _first_negative_of(theta: np.ndarray, length: int) -> int:
+    """:func:`_first_negative` for any frequencies ``theta`` (float64, one per pair)."""
     chunk = max(16, int(math.isqrt(length)))
     j = np.arange(chunk, dtype=np.float64)[:, None] * theta
     tc, ts = np.cos(j), np.sin(j)
@@ -175,6 +180,30 @@ def longest_context(base: float, head_dim: int = 128, *, limit: int = 1 << 24) -
         TypeError, ValueError: a bad ``base``, ``head_dim`` or ``limit`` (an int >= 1).
     """
     return _first_negative(check_base(base), _head_dim(head_dim), check_positive_int(limit, "limit"))
+
+
+def longest_context_of(inv_freq: Any, *, limit: int = 1 << 24) -> int:
+    """:func:`longest_context` for any RoPE frequencies ``inv_freq`` (one per pair, radians
+    per position), such as a scaled model's (:func:`companion.scaling.compute_inv_freq`):
+    the first distance ``m < limit`` with ``sum_i cos(m inv_freq[i]) < 0``, or ``limit``.
+    Computed in float64 whatever the input's dtype.
+
+    Raises:
+        TypeError: ``inv_freq`` not real numbers (a tensor or array-like), ``limit`` not an int.
+        ValueError: ``inv_freq`` empty, not 1-D, or holding a value that is not finite and
+            > 0; ``limit < 1``.
+    """
+    if hasattr(inv_freq, "detach"):
+        inv_freq = inv_freq.detach().cpu().double().numpy()
+    f = np.asarray(inv_freq)
+    if f.dtype == object or not (np.issubdtype(f.dtype, np.integer) or np.issubdtype(f.dtype, np.floating)):
+        raise TypeError(f"inv_freq must be real numbers, got dtype {f.dtype}")
+    if f.ndim != 1 or f.size == 0:
+        raise ValueError(f"inv_freq must be a non-empty 1-D array (one frequency per pair), got shape {f.shape}")
+    f = f.astype(np.float64)
+    if not np.all(np.isfinite(f) & (f > 0)):
+        raise ValueError(f"inv_freq must hold finite frequencies > 0, got {f[~(np.isfinite(f) & (f > 0))][:3].tolist()}")
+    return _first_negative_of(f, check_positive_int(limit, "limit"))
 
 
 @functools.lru_cache(maxsize=256)

@@ -433,6 +433,29 @@ def test_longest_context_is_the_first_negative_sum():
         assert recipe.longest_context(base, d, limit=6000) == want, (d, base)
 
 
+def test_longest_context_of_scaled_frequencies():
+    """Any frequencies: the direct sums of cos(m f_i), for PI-scaled and uneven frequencies;
+    plain RoPE's frequencies give longest_context; a tensor in float32 is read in float64."""
+    import torch
+
+    rng = np.random.default_rng(5)
+    for f in (1e4 ** (-np.arange(0, 16, 2) / 16) / 8, rng.uniform(1e-4, 1.0, 12)):
+        direct = np.cos(np.multiply.outer(np.arange(6000.0), f)).sum(-1)
+        neg = np.flatnonzero(direct < 0)
+        assert recipe.longest_context_of(f, limit=6000) == (int(neg[0]) if neg.size else 6000)
+    plain = 3000.0 ** (-np.arange(0, 16, 2) / 16)
+    assert recipe.longest_context_of(plain, limit=6000) == recipe.longest_context(3000.0, 16, limit=6000)
+    assert recipe.longest_context_of(torch.tensor(plain), limit=6000) == recipe.longest_context(3000.0, 16, limit=6000)
+    for bad, exc, match in (([], ValueError, "non-empty 1-D"), ([[0.1]], ValueError, "non-empty 1-D"),
+                            ([0.1, 0.0], ValueError, "finite frequencies > 0"),
+                            ([0.1, np.nan], ValueError, "finite frequencies > 0"),
+                            (["a"], TypeError, "real numbers")):
+        with pytest.raises(exc, match=match):
+            recipe.longest_context_of(bad)
+    with pytest.raises(ValueError, match="limit must be >= 1"):
+        recipe.longest_context_of(plain, limit=0)
+
+
 def test_base_lower_bound_reproduces_the_printed_values():
     """Men et al.'s table (d = 128): 4.3e3 at 1K, 2.7e4 at 4K, 8.4e4 at 8K. At 2K the paper
     prints 1.6e4, but 1.2e4 already satisfies the condition (Su Jianlin's search finds it too)."""
