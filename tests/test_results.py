@@ -1170,6 +1170,8 @@ def test_bases_round_trip_through_files(tmp_path):
     for base in mem.bases:
         assert run.extension(base).get("none", 4.0, 5, "bpb_tail", TRAIN_LEN).tolist() == \
             mem.extension(base).get("none", 4.0, 5, "bpb_tail", TRAIN_LEN).tolist()
+    with pytest.raises(FileNotFoundError, match="is not a file"):
+        load_bases(tmp_path / "absent.csv")
     (tmp_path / "bases.json").unlink()
     with pytest.raises(FileNotFoundError, match="bases.json"):
         load_bases(csv_path)

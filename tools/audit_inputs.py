@@ -3205,6 +3205,12 @@ def lab_cases() -> None:
     part.mkdir(exist_ok=True)
     (part / "a.csv").write_text("x\n1\n")
     bad("lab", "load_extension a CSV without its JSON", lambda: results.load_extension(part), "a.json", want=FileNotFoundError)
+    bad("lab", "load_bases a missing CSV", lambda: results.load_bases(TMP / "missing_bases.csv"), "missing_bases.csv", want=FileNotFoundError)
+    bad("lab", "load_bases a CSV without its JSON", lambda: results.load_bases(part / "a.csv"), "a.json", want=FileNotFoundError)
+    bad("lab", "load_bases path None", lambda: results.load_bases(None), "path", want=TypeError)
+    bad("lab", "Bases of rows without a base", lambda: results.Bases([{"scheme": "rope"}], {}), ("scheme", "base"))
+    bad("lab", "Bases data None", lambda: results.Bases([], None), "data", want=TypeError)
+    bad("lab", "Bases an unknown base", lambda: results.Bases([], {}).extension(100.0), "base")
     bad("lab", "merge_sweeps no parts", lambda: results.merge_sweeps([]), "parts")
     bad("lab", "merge_sweeps a part that is not a sweep", lambda: results.merge_sweeps([{}]), ("part", "sweep"))
     bad("lab", "merge_sweeps names of the wrong length", lambda: results.merge_sweeps([{}], names=["a", "b"]), "names")
@@ -3288,6 +3294,12 @@ def recipe_cases() -> None:
     good("recipe", "longest_context: the first distance with a negative sum",
          lambda: R.longest_context(1e4, 16, limit=4096), lambda: int(np.flatnonzero(R.decay_sum(np.arange(4096), 1e4, 16) < 0)[0]))
     bad("recipe", "longest_context limit 0", lambda: R.longest_context(1e4, 16, limit=0), "limit")
+    good("recipe", "longest_context_of plain frequencies is longest_context",
+         lambda: R.longest_context_of(1e4 ** (-np.arange(0, 16, 2) / 16), limit=4096), lambda: R.longest_context(1e4, 16, limit=4096))
+    for vname, freq, arg, wants in (("empty", [], "inv_freq", None), ("2-D", [[0.1]], "inv_freq", None),
+                                    ("a zero", [0.1, 0.0], "inv_freq", None), ("strings", ["a"], "inv_freq", TypeError)):
+        bad("recipe", f"longest_context_of {vname}", lambda freq=freq: R.longest_context_of(freq), arg, want=wants)
+    bad("recipe", "longest_context_of limit 0", lambda: R.longest_context_of([0.1], limit=0), "limit")
     good("recipe", "base_lower_bound at 1K, d 128: 4.3e3 (Men et al.)", lambda: float(f"{R.base_lower_bound(1024):.1e}"), lambda: 4.3e3)
     for vname, args, kw, arg, wants in (("length 0", (0,), {}, "length", None), ("length 1.5", (1.5,), {}, "length", TypeError),
                                         ("rel_step 0.5", (100, 16), dict(rel_step=0.5), "rel_step", None), ("rel_step 0", (100, 16), dict(rel_step=0.0), "rel_step", None),

@@ -527,6 +527,8 @@ def load_bases(path: str | os.PathLike[str]) -> Bases:
             or :class:`Bases` raise.
     """
     path = check_path(path, "path")
+    if not path.is_file():
+        raise FileNotFoundError(f"path {path} is not a file (the CSV of a bases run, its --out)")
     js = path.with_suffix(".json")
     if not js.is_file():
         raise FileNotFoundError(f"{path.name} has no {js.name} beside it (the --json of its command)")
