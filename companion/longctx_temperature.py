@@ -38,13 +38,13 @@ from .model import AttentionTemperature
 
 __all__ = ["TEMPERATURE_FIELDS", "TEMPERATURES", "conditions_for", "same_end_windows", "temperature_rows"]
 
-#: The columns of the measure's CSV: a row per (document, length, condition) and metric
-#: (``entropy``, ``where`` the layer; ``nll``, ``where`` the block's first target offset from
-#: the window's end; ``tau_last``, the logit factor of the last query).
+#: The columns of the measure's CSV, one row per document, length, condition and metric
+#: (``entropy`` with ``where`` the layer, ``nll`` with ``where`` the block's first target as
+#: an offset from the window's end, ``tau_last`` the logit factor of the last query).
 TEMPERATURE_FIELDS = ("document", "length", "method", "factor", "temperature", "metric", "where", "value")
 
-#: The temperatures: ``off`` (no factor; for YaRN, its attention factor set to 1), ``yarn``
-#: (YaRN's own factor, HuggingFace's default), ``log-n`` (log-n scaling in every layer).
+#: The temperatures compared, ``off`` (no factor; for YaRN, its attention factor set to 1),
+#: ``yarn`` (YaRN's own factor, HuggingFace's default) and ``log-n`` (log-n scaling in every layer).
 TEMPERATURES: tuple[str, ...] = ("off", "yarn", "log-n")
 
 

@@ -64,7 +64,7 @@ from .train import TrainConfig, load_checkpoint
 __all__ = ["AllLengths", "BASES_CSV_FIELDS", "TEMPERATURES", "temperature_for", "base_configs", "run_bases",
            "temperature_job", "run_temperature", "main"]
 
-#: The columns of ``bases``'s CSV: the scheme and its base, then :data:`companion.lab.extend.CSV_FIELDS`.
+#: The columns of ``bases``'s CSV: the scheme and its base, then ``companion.lab.extend.CSV_FIELDS``.
 BASES_CSV_FIELDS = ["scheme", "base", *CSV_FIELDS]
 
 #: The temperatures ``temperature`` compares, each applied to the model's NoPE layers if it has
