@@ -624,11 +624,9 @@ class LlamaModel(nn.Module):
         try:
             for a in blocks:
                 a.probe, a.entropy = last, None
-            x = self.tok_embeddings(ids).to(self.norm.weight.dtype)
-            for block in self.layers:
-                x = block(x, self.rope, 0, None)
+            h = self.hidden(ids)  # each layer's probe records its entropy on the way
             entropy = torch.stack([a.entropy[0] for a in blocks])
-            return (entropy, self.norm(x)) if return_hidden else entropy
+            return (entropy, h) if return_hidden else entropy
         finally:
             for a in blocks:
                 a.probe, a.entropy = 0, None
