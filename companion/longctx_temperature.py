@@ -84,12 +84,13 @@ def same_end_windows(ids: Sequence[int], lengths: Sequence[int]) -> dict[int, Te
 
 
 def _rope_config(method: str, factor: float, native: int, base: float, temperature: str) -> dict[str, Any] | None:
+    """Plain RoPE (``None``), or chapter 9's YaRN config at ``factor``: with its own attention
+    factor for the temperature ``yarn``, without it (``yarn-no-temp``) otherwise."""
     if method == "none":
         return None
-    cfg = {"rope_type": "yarn", "rope_theta": base, "factor": factor, "original_max_position_embeddings": native}
-    if temperature != "yarn":
-        cfg["attention_factor"] = 1.0  # YaRN's frequencies only
-    return cfg
+    from .lab.extend import method_config
+
+    return method_config("yarn" if temperature == "yarn" else "yarn-no-temp", factor, native, head_dim=0, base=base)
 
 
 @torch.no_grad()
