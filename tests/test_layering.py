@@ -30,6 +30,9 @@ EXPERIMENT_DRIVERS = {
     # split; the measures' intervals are the lab's bootstrap (companion.lab.stats)
     "companion.longctx_docs": "experiment driver",
     "companion.passkey": "experiment driver",
+    # chapter 13's real-model temperature measurement (``python -m companion.longctx
+    # temperature``): its YaRN conditions are chapter 9's configs (method_config), not a copy
+    "companion.longctx_temperature": "experiment driver",
 }
 
 
