@@ -1,0 +1,1240 @@
+"""Appendix B's guide to choosing a position encoding, computed from the chapters' stored results.
+
+The appendix puts the chapters' measurements side by side, one table per use case, and ends with
+rules of thumb checked on the stored data. This module computes all of it from the files in
+``chapters/data/`` (:func:`load_stored`); nothing is trained or timed again. Each function of a
+section returns a :class:`Section`: the rows of its Markdown table, the lines the page prints
+under it, the numbers its prose quotes (by their glue name) and the named checks the page
+asserts (a check that fails says the stored files disagree with one another or with a claim).
+
+The sections, in the appendix's order: :func:`provenance`, :func:`models`,
+:func:`encoder_table` (a fixed-length encoder), :func:`decoder_table` (a decoder trained from
+scratch to run longer), :func:`extension_lab_table` and :func:`extension_smol_table` (extending a
+RoPE model), :func:`smol_passkey`, :func:`streaming_lab_table` and
+:func:`streaming_smol_table` (streaming input), :func:`grid_table` (2-D input),
+:func:`kernel_table` and :func:`rules_of_thumb`. The building blocks are public too:
+:func:`lab_sweeps` (chapters 8 and 11's sweeps, seed by seed), :func:`verdict` (chapter 8's
+flat, between or breaks), :func:`cache_reach`, :func:`geometric_mean` and
+:func:`chapter_link`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import kernels
+from .._checks import check_choice, check_finite_number, check_path
+from ..dispatch import attention_path
+from ..grid import grid_positions
+from ..longctx import method_config as smol_method_config
+from ..longctx import summarize
+from ..scaling import llama_cpp_rope_args
+from ..trainfree import ReRoPE, SelfExtend, max_relative_position
+from ..utils import load_csv, load_result
+from . import grid_task
+from .evaluate import TAIL
+from .extend import METHOD_LABELS, method_config
+from .results import Extension, Sweep
+from .schemes import build_scheme, scheme_label
+
+__all__ = ["STORED_JSON", "STORED_CSV", "CHAPTER_PAGES", "FLAT_BITS", "BREAK_BITS", "TRAINFREE_LABELS", "Stored",
+           "Section", "LabSweeps", "load_stored", "chapter_link", "verdict", "cache_reach", "geometric_mean",
+           "lab_sweeps", "provenance", "models", "encoder_table", "decoder_table", "extension_lab_table",
+           "extension_smol_table", "smol_passkey", "streaming_lab_table", "streaming_smol_table", "grid_table",
+           "kernel_table", "rules_of_thumb"]
+
+#: The JSON results the guide reads from ``chapters/data/``, by file stem.
+STORED_JSON = ("04_relative_cpu", "06_bias_attention_cpu", "08_sweep", "09_extension", "10_ppl", "10_llamacpp",
+               "11_sweep", "11_trainfree_lab", "11_trainfree_ppl", "12_grid", "lab_train_cpu", "llama_cpu",
+               "rope_cpu")
+#: The CSV results it reads, by file stem.
+STORED_CSV = ("09_extension", "10_ppl", "10_passkey", "11_trainfree_ppl")
+#: A GPU benchmark of chapter 7's kernels; the guide says whether the folder holds one.
+GPU_BENCHMARK = "07_gpu_benchmarks.json"
+
+#: The chapters' notebooks, by number, for the links of the "backed by" columns.
+CHAPTER_PAGES = {2: "02_sinusoidal", 3: "03_learned", 4: "04_relative", 5: "05_rope", 6: "06_alibi",
+                 7: "07_kernels", 8: "08_extrapolation", 9: "09_rope_scaling", 10: "10_pretrained_llm",
+                 11: "11_newer_encodings", 12: "12_grids"}
+#: Where the chapters' pages are, seen from the appendix (``book/``).
+PAGE_BASE = "../chapters"
+
+#: Chapter 8's threshold of a *flat* scheme, in bits per byte: no seed rises this much above
+#: its loss at the training length, at any length (see :func:`verdict`).
+FLAT_BITS = 0.5
+#: Chapter 8's threshold of a scheme that *breaks*, in bits per byte: every seed is more than
+#: this much worse at the longest length than at the training length (see :func:`verdict`).
+BREAK_BITS = 2.0
+
+#: Chapter 11's training-free configurations on the lab model, with their labels.
+TRAINFREE_LABELS = {"rerope": "ReRoPE", "leaky_rerope": "Leaky ReRoPE", "self_extend": "Self-Extend",
+                    "sinks": "sinks + window", "window_only": "window, no sinks",
+                    "sinks_no_rerotate": "sinks, no re-rotation"}
+
+# The lab benchmark's name of a lab scheme where they differ: the lab's sinusoidal is the
+# scaled table.
+_BENCH_NAME = {"sinusoidal": "scaled_sinusoidal"}
+# Chapter 4's names of the relative schemes in its per-layer benchmark.
+_CORE_NAME = {"shaw": "Shaw", "xl": "Transformer-XL", "t5": "T5 bias"}
+# Chapter 9's stored run predates stored extension configs: its command took the default of its
+# version, 2^14 validation bytes per length (chapter 8's sweep stores its own).
+_EXTENSION_TOKENS = 1 << 14
+_HALVES = ("first_half", "second_half", "last")
+
+
+# ------------------------------------------------------------------------------------------------
+# the stored results, and the section a function returns
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Stored:
+    """The stored results the guide reads, as :func:`load_stored` returns them.
+
+    Attributes:
+        data_dir: the folder they were read from (``chapters/data/``).
+        results: each JSON result's payload (``provenance`` and ``data``), by file stem.
+        tables: each CSV result as ``(provenance, rows)``, by file stem.
+    """
+
+    data_dir: Path
+    results: dict[str, dict[str, Any]]
+    tables: dict[str, tuple[dict[str, Any], list[dict[str, str]]]]
+    _memo: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def data(self, name: str) -> Any:
+        """The ``data`` of the JSON result ``name`` (a file stem of :data:`STORED_JSON`).
+
+        Raises:
+            ValueError: no JSON result of that name was loaded.
+        """
+        if name not in self.results:
+            raise ValueError(f"name must be one of the stored JSON results {sorted(self.results)}, got {name!r}")
+        return self.results[name]["data"]
+
+    def rows(self, name: str) -> list[dict[str, str]]:
+        """The rows of the CSV result ``name`` (a file stem of :data:`STORED_CSV`).
+
+        Raises:
+            ValueError: no CSV result of that name was loaded.
+        """
+        if name not in self.tables:
+            raise ValueError(f"name must be one of the stored CSV results {sorted(self.tables)}, got {name!r}")
+        return self.tables[name][1]
+
+
+@dataclass(frozen=True)
+class Section:
+    """What one section of the guide shows.
+
+    Attributes:
+        lines: the lines printed under the cell, in order (each a row of a text table or a
+            sentence; the page wraps the long ones).
+        facts: the values its prose quotes, by glue name.
+        checks: the claims the page asserts, by name: ``True`` where the stored data bear it out.
+        header: the header of its Markdown table (empty when the section has no table).
+        rows: the rows of that table, one string per column.
+    """
+
+    lines: list[str] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+    checks: dict[str, bool] = field(default_factory=dict)
+    header: list[str] = field(default_factory=list)
+    rows: list[list[str]] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[str]:
+        """The names of the checks that do not hold (empty when all hold)."""
+        return [name for name, ok in self.checks.items() if not ok]
+
+    def markdown(self) -> str:
+        """The table as Markdown: the header, a rule, then one line per row.
+
+        Raises:
+            ValueError: the section has no table (no header).
+        """
+        if not self.header:
+            raise ValueError("this section has no table: its header is empty")
+        lines = ["| " + " | ".join(self.header) + " |", "|" + "---|" * len(self.header)]
+        lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in self.rows]
+        return "\n".join(lines)
+
+
+def load_stored(data_dir: str | Path) -> Stored:
+    """Read every result the guide needs (:data:`STORED_JSON`, :data:`STORED_CSV`) from ``data_dir``.
+
+    Args:
+        data_dir: the folder of the stored results, ``chapters/data/``.
+
+    Returns:
+        A :class:`Stored` holding them.
+
+    Raises:
+        TypeError: ``data_dir`` is not a ``str`` or ``os.PathLike``.
+        NotADirectoryError: ``data_dir`` is not a folder.
+        FileNotFoundError: a result is missing from it (the message names the file).
+        ValueError: a file is not a result file (:func:`companion.utils.load_result`,
+            :func:`companion.utils.load_csv`).
+    """
+    folder = check_path(data_dir, "data_dir")
+    if not folder.is_dir():
+        raise NotADirectoryError(f"data_dir {folder} is not a folder; pass the folder of the stored results "
+                                 f"(chapters/data)")
+    results = {name: load_result(folder / f"{name}.json") for name in STORED_JSON}
+    tables = {name: load_csv(folder / f"{name}.csv") for name in STORED_CSV}
+    return Stored(folder, results, tables)
+
+
+def _check_stored(stored: object) -> Stored:
+    if not isinstance(stored, Stored):
+        raise TypeError(f"stored must be the Stored that load_stored returns, got {type(stored).__name__}")
+    return stored
+
+
+def _memo(stored: Stored, key: str, build: Callable[[], Any]) -> Any:
+    """``build()``, computed once per :class:`Stored`."""
+    if key not in stored._memo:
+        stored._memo[key] = build()
+    return stored._memo[key]
+
+
+# ------------------------------------------------------------------------------------------------
+# small helpers
+# ------------------------------------------------------------------------------------------------
+
+
+def chapter_link(chapter: int, where: str = "") -> str:
+    """A Markdown link to a chapter, with the section whose figure or table backs a row.
+
+    Args:
+        chapter: the chapter's number, a key of :data:`CHAPTER_PAGES`.
+        where: the section (Markdown), or ``""`` for the link alone.
+
+    Returns:
+        ``"[ch. 8](../chapters/08_extrapolation.ipynb), *The result*"``, say.
+
+    Raises:
+        ValueError: ``chapter`` is not one of :data:`CHAPTER_PAGES`.
+        TypeError: ``where`` is not a string.
+    """
+    check_choice(chapter, "chapter", list(CHAPTER_PAGES))
+    if not isinstance(where, str):
+        raise TypeError(f"where must be a str (the section, or '' for none), got {type(where).__name__}")
+    link = f"[ch. {chapter}]({PAGE_BASE}/{CHAPTER_PAGES[chapter]}.ipynb)"
+    return f"{link}, {where}" if where else link
+
+
+def _f2(x: float) -> str:
+    """Two decimals, without a minus sign on a rounded zero."""
+    s = f"{x:.2f}"
+    return "0.00" if s == "-0.00" else s
+
+
+def _listing(names: Any) -> str:
+    """A, B and C."""
+    names = list(names)
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _span(v: np.ndarray) -> str:
+    """Mean and range over seeds."""
+    return f"{_f2(v.mean())} [{_f2(v.min())} to {_f2(v.max())}]"
+
+
+def _seed_array(value: object, name: str) -> np.ndarray:
+    """A finite 2-D ``(seeds, lengths)`` float array, or ``ValueError``/``TypeError`` naming ``name``."""
+    try:
+        arr = np.asarray(value, dtype=float)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be an array of numbers, (seeds, lengths), got {type(value).__name__}") from None
+    if arr.ndim != 2 or 0 in arr.shape:
+        raise ValueError(f"{name} must be a non-empty 2-D array (seeds, lengths), got shape {arr.shape}")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name} must hold finite bits per byte, got a nan or inf")
+    return arr
+
+
+def verdict(tail: Any, multiples: Sequence[int], flat_bits: float = FLAT_BITS,
+            break_bits: float = BREAK_BITS) -> str:
+    """Chapter 8's verdict on one scheme: ``"flat"``, ``"breaks"`` or ``"between"``.
+
+    With ``rise = tail - tail[:, [i1]]``, each seed's loss over its own loss at the training
+    length (multiple 1): *flat* when ``rise.max() < flat_bits`` (no seed rises that much at any
+    length), *breaks* when ``rise[:, -1].min() > break_bits`` (every seed is that much worse at
+    the longest length), *between* otherwise.
+
+    Args:
+        tail: bits per byte, ``(seeds, lengths)``.
+        multiples: the evaluation lengths over the training length, one per column; must hold 1.
+        flat_bits: the threshold of *flat* (bits per byte, > 0).
+        break_bits: the threshold of *breaks* (bits per byte, > 0).
+
+    Returns:
+        The verdict.
+
+    Raises:
+        TypeError: ``tail`` is not numeric, or a threshold not a number.
+        ValueError: ``tail`` not a finite non-empty 2-D array, ``multiples`` without 1 or not
+            one per column, a threshold not positive.
+    """
+    tail = _seed_array(tail, "tail")
+    multiples = list(multiples)
+    if len(multiples) != tail.shape[1]:
+        raise ValueError(f"multiples must have one entry per column of tail ({tail.shape[1]}), got {len(multiples)}")
+    if 1 not in multiples:
+        raise ValueError(f"multiples must hold 1 (the training length), got {multiples}")
+    flat_bits = check_finite_number(flat_bits, "flat_bits")
+    break_bits = check_finite_number(break_bits, "break_bits")
+    rise = tail - tail[:, [multiples.index(1)]]
+    if rise.max() < flat_bits:
+        return "flat"
+    return "breaks" if rise[:, -1].min() > break_bits else "between"
+
+
+def cache_reach(settings: Mapping[str, Any]) -> int:
+    """The largest position inside a cache of attention sinks: ``n_sink + window + chunk - 1``.
+
+    A query of the last chunk sits ``chunk - 1`` positions past the recent window, which follows
+    the sinks, so that is the largest position RoPE is asked to rotate by.
+
+    Args:
+        settings: a sink cache's settings, with the integers ``n_sink`` (>= 0), ``window`` and
+            ``chunk`` (>= 1).
+
+    Returns:
+        The reach.
+
+    Raises:
+        TypeError: ``settings`` not a mapping, or a field not an int.
+        ValueError: a field missing or out of range.
+    """
+    if not isinstance(settings, Mapping):
+        raise TypeError(f"settings must be a sink cache's settings (a dict with 'n_sink', 'window', 'chunk'), "
+                        f"got {type(settings).__name__}")
+    for key, low in (("n_sink", 0), ("window", 1), ("chunk", 1)):
+        if key not in settings:
+            raise ValueError(f"settings lacks {key!r}; a sink cache's settings hold 'n_sink', 'window', 'chunk'")
+        value = settings[key]
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"settings[{key!r}] must be an int, got {type(value).__name__} {value!r}")
+        if value < low:
+            raise ValueError(f"settings[{key!r}] must be >= {low}, got {value}")
+    return int(settings["n_sink"] + settings["window"] + settings["chunk"] - 1)
+
+
+def geometric_mean(values: Sequence[float]) -> float:
+    """``exp(mean(log v))`` of positive numbers (perplexities over windows, say).
+
+    Raises:
+        TypeError: ``values`` is not a sequence of numbers.
+        ValueError: it is empty, or holds a number that is not finite and positive.
+    """
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, (Sequence, np.ndarray)):
+        raise TypeError(f"values must be a sequence of positive numbers, got {type(values).__name__}")
+    if len(values) == 0:
+        raise ValueError("values must hold at least one number, got none")
+    logs = [math.log(check_finite_number(v, f"values[{i}]")) for i, v in enumerate(values)]
+    return math.exp(np.mean(logs))
+
+
+# ------------------------------------------------------------------------------------------------
+# the lab's sweeps and benchmarks
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LabSweeps:
+    """Chapter 8's and chapter 11's sweeps, seed by seed (:func:`lab_sweeps`).
+
+    Attributes:
+        config: the training config of chapter 8's first run (the recipe every run shares).
+        eval_config: chapter 8's evaluation config.
+        train_len: the training length, in bytes.
+        multiples: the evaluation lengths over the training length.
+        lengths: the evaluation lengths, in bytes.
+        seeds: the seeds, sorted (every scheme has each).
+        schemes8: chapter 8's schemes, in stored order.
+        schemes11: chapter 11's schemes, in stored order.
+        runs: every run, by ``(scheme, seed)``.
+        tail: per scheme, tail bits per byte ``(seeds, lengths)``.
+        mean: per scheme, ``tail`` averaged over the seeds.
+        far_passkey: per scheme, one passkey gain per seed (bits per digit): the key farthest
+            back, at the longest length.
+        checks: whether chapter 11's sweep used chapter 8's evaluation and training recipe.
+    """
+
+    config: dict[str, Any]
+    eval_config: dict[str, Any]
+    train_len: int
+    multiples: list[int]
+    lengths: list[int]
+    seeds: list[int]
+    schemes8: list[str]
+    schemes11: list[str]
+    runs: dict[tuple[str, int], dict[str, Any]]
+    tail: dict[str, np.ndarray]
+    mean: dict[str, np.ndarray]
+    far_passkey: dict[str, np.ndarray]
+    checks: dict[str, bool]
+
+    @property
+    def schemes(self) -> list[str]:
+        """Chapter 8's schemes, then chapter 11's."""
+        return self.schemes8 + self.schemes11
+
+    @property
+    def i1(self) -> int:
+        """The column of the training length."""
+        return self.multiples.index(1)
+
+    @property
+    def i_last(self) -> int:
+        """The column of the longest length."""
+        return self.multiples.index(self.multiples[-1])
+
+
+def lab_sweeps(stored: Stored) -> LabSweeps:
+    """Chapters 8 and 11's sweeps (``08_sweep.json``, ``11_sweep.json``), seed by seed.
+
+    Args:
+        stored: the stored results (:func:`load_stored`).
+
+    Returns:
+        A :class:`LabSweeps`.
+
+    Raises:
+        TypeError: ``stored`` is not a :class:`Stored`.
+        ValueError: a sweep that is not a sweep (:class:`~companion.lab.results.Sweep`), a scheme
+            in both sweeps, a scheme without a run for every seed, or a passkey test that did
+            not reach the longest length.
+    """
+    _check_stored(stored)
+    return _memo(stored, "lab", lambda: _lab_sweeps(stored))
+
+
+def _lab_sweeps(stored: Stored) -> LabSweeps:
+    s8, s11 = stored.data("08_sweep"), stored.data("11_sweep")
+    schemes8, schemes11 = Sweep(s8).schemes, Sweep(s11).schemes   # Sweep checks the layout
+    both = sorted(set(schemes8) & set(schemes11))
+    if both:
+        raise ValueError(f"the schemes {both} are in both chapter 8's and chapter 11's sweeps; one run each is read")
+    cfg = s8["runs"][0]["config"]
+    recipe = {k: v for k, v in cfg.items() if k not in ("scheme", "seed")}
+    checks = {"chapter 11's sweep evaluated as chapter 8's": s11["eval_config"] == s8["eval_config"],
+              "chapter 11's sweep trained with chapter 8's recipe":
+                  all({k: r["config"].get(k) for k in recipe} == recipe for r in s11["runs"])}
+    evc = s8["eval_config"]
+    multiples = list(evc["multiples"])
+    train_len = cfg["seq_len"]
+    lengths = [m * train_len for m in multiples]
+    runs = {(r["config"]["scheme"], r["config"]["seed"]): r for r in s8["runs"] + s11["runs"]}
+    seeds = sorted({sd for _, sd in runs})
+    missing = [(s, sd) for s in schemes8 + schemes11 for sd in seeds if (s, sd) not in runs]
+    if missing:
+        raise ValueError(f"every scheme needs a run for every seed {seeds}; missing (scheme, seed): {missing}")
+    if multiples[-1] not in evc["passkey_multiples"]:
+        raise ValueError(f"the passkey test must reach the longest multiple {multiples[-1]}, "
+                         f"its multiples are {evc['passkey_multiples']}")
+    i_far = evc["passkey_depths"].index(min(evc["passkey_depths"]))   # the key farthest back
+    i_pk = evc["passkey_multiples"].index(multiples[-1])
+    schemes = schemes8 + schemes11
+    tail = {s: np.array([[runs[s, sd]["eval"]["bpb"][str(w)]["tail"] for w in lengths] for sd in seeds])
+            for s in schemes}
+    far = {s: np.array([runs[s, sd]["eval"]["passkey"]["gain"][i_pk][i_far] for sd in seeds]) for s in schemes}
+    return LabSweeps(cfg, evc, train_len, multiples, lengths, seeds, schemes8, schemes11, runs, tail,
+                     {s: t.mean(0) for s, t in tail.items()}, far, checks)
+
+
+def _bench(stored: Stored) -> SimpleNamespace:
+    """The lab model's training benchmark (``seq_len``; ``speed(scheme)``, its record on the
+    dispatcher's path) and chapter 4's per-layer benchmark at the same length (``core``)."""
+    train = stored.data("lab_train_cpu")
+    length = train["seq_len"]
+    records = {r["scheme"]: r for r in train["results"] if r["attention_impl"] == "auto"}
+
+    def speed(s: str) -> dict[str, Any]:
+        name = _BENCH_NAME.get(s, s)
+        if name not in records:
+            raise ValueError(f"scheme {s!r} was not benchmarked; the benchmark holds {sorted(records)}")
+        return records[name]
+
+    def measured(s: str) -> bool:
+        return _BENCH_NAME.get(s, s) in records
+
+    core = {r["scheme"]: r for r in stored.data("04_relative_cpu")["layer"] if r["L"] == length}
+    return SimpleNamespace(seq_len=length, speed=speed, measured=measured, core=core)
+
+
+def _lab_scheme(lab: LabSweeps, s: str) -> Any:
+    cfg = lab.config
+    return build_scheme(s, d_model=cfg["d_model"], n_heads=cfg["n_heads"], max_len=cfg["max_len"],
+                        train_len=lab.train_len)
+
+
+def _schemes(stored: Stored) -> SimpleNamespace:
+    """Each lab scheme's attention ``path`` at the benchmark's length, and its ``hooks``."""
+    def build() -> SimpleNamespace:
+        lab, length = lab_sweeps(stored), _bench(stored).seq_len
+        cfg = lab.config
+        q = torch.zeros(1, cfg["n_heads"], length, cfg["d_model"] // cfg["n_heads"])
+        built = {s: _lab_scheme(lab, s) for s in lab.schemes}
+        return SimpleNamespace(path={s: attention_path(q, q, q, sch, causal=True) for s, sch in built.items()},
+                               hooks={s: ",".join(sch.hooks()) for s, sch in built.items()})
+    return _memo(stored, "schemes", build)
+
+
+# ------------------------------------------------------------------------------------------------
+# the sections
+# ------------------------------------------------------------------------------------------------
+
+
+def provenance(stored: Stored) -> Section:
+    """The stored results with the command that wrote each, its date, CPU and torch version.
+
+    Raises:
+        TypeError: ``stored`` is not a :class:`Stored`.
+    """
+    _check_stored(stored)
+    prov = {f"{n}.json": r["provenance"] for n, r in stored.results.items()}
+    prov.update({f"{n}.csv": t[0] for n, t in stored.tables.items()})
+    lines = []
+    for name in sorted(prov):
+        p = prov[name]
+        cpu = p.get("cpu_model") or p["machine"]
+        lines.append(f"{name}: {p['command']} ({p['date_utc'][:10]}, {cpu}, torch {p['torch']})")
+    return Section(lines)
+
+
+def models(stored: Stored) -> Section:
+    """The lab model and its training, as the sweeps stored them, and the pretrained model.
+
+    Raises:
+        TypeError: ``stored`` is not a :class:`Stored`.
+        ValueError: as :func:`lab_sweeps`.
+    """
+    lab = lab_sweeps(_check_stored(stored))
+    cfg, mult = lab.config, lab.multiples
+    params = lab.runs["nope", lab.seeds[0]]["parameters"]
+    line = (f"lab model: {cfg['n_layers']} layers of width {cfg['d_model']}, {cfg['n_heads']} heads, "
+            f"{params:,} parameters without a position scheme; trained for {cfg['steps']} "
+            f"steps at {lab.train_len} bytes, batch {cfg['batch_size']}, seeds {lab.seeds}; evaluated at "
+            + ", ".join(f"{m}x" for m in mult) + f"; loss on the last {TAIL} positions")
+    facts = {"tail": TAIL, "lab_params": f"{params:,}", "lab_len": lab.train_len, "lab_seeds": len(lab.seeds),
+             "mult_lo": f"{mult[0]}x", "mult_hi": f"{mult[-1]}x",
+             "smol_model": stored.data("10_llamacpp")["model"].split(".")[0]}
+    return Section([line], facts, dict(lab.checks))
+
+
+#: What loads into each scheme of the lab (the encoder table's checkpoints column).
+_CHECKPOINTS = {
+    "nope": "nothing to load",
+    "sinusoidal": "the table of HuggingFace's `create_sinusoidal_embeddings` (DistilBERT, XLM) "
+                  + chapter_link(2),
+    "learned": "BERT-style tables load row by row; RoBERTa, XLM-R and OPT keep offset rows to drop; no row "
+               "past the table " + chapter_link(3, "*Tables with an offset*"),
+    "shaw": "none shown in the book",
+    "xl": "none shown in the book",
+    "t5": "T5's bucket function, its float32 truncation included " + chapter_link(4),
+    "rope": "HuggingFace's half-split and Meta's or GGUF's interleaved layouts are one rotation up to a "
+            "permutation of rows " + chapter_link(5, "*Proofs*") + "; "
+            + chapter_link(10, "*Perplexity, and the layout pitfall*"),
+    "alibi": "the symmetric form of MosaicBERT and Jina-BERT v2, which cannot tell a text from its reverse "
+             + chapter_link(6, "*ALiBi in encoders*"),
+}
+
+
+def encoder_table(stored: Stored) -> Section:
+    """A short fixed-length encoder: chapter 8's schemes at their training length, with costs.
+
+    Each row: the loss at the training length (mean over seeds), the parameters the scheme adds
+    to the lab model, its training speed against NoPE and attention path (the lab's CPU
+    benchmark), chapter 4's per-layer cost for the relative schemes, and what checkpoints load.
+    Sorted by the loss. The check: each scheme was benchmarked on the path the dispatcher names.
+
+    Raises:
+        TypeError: ``stored`` is not a :class:`Stored`.
+        ValueError: as :func:`lab_sweeps`, or a scheme missing from the benchmark or without a
+            checkpoints entry.
+    """
+    lab = lab_sweeps(_check_stored(stored))
+    bench, path = _bench(stored), _schemes(stored).path
+    i1, seed0 = lab.i1, lab.seeds[0]
+    unknown = [s for s in lab.schemes8 if s not in _CHECKPOINTS]
+    if unknown:
+        raise ValueError(f"no checkpoints entry for the schemes {unknown}; the guide knows {list(_CHECKPOINTS)}")
+    checks = {f"{s} benchmarked on the dispatcher's path": bench.speed(s)["path"] == path[s] for s in lab.schemes8}
+    params_nope = lab.runs["nope", seed0]["parameters"]
+    rows, shown = [], []
+    for s in sorted(lab.schemes8, key=lambda s: lab.mean[s][i1]):
+        b = bench.speed(s)
+        extra = lab.runs[s, seed0]["parameters"] - params_nope
+        backed = chapter_link(8, "*The result: bits per byte against length* (table and figure)")
+        if s in _CORE_NAME:
+            c = bench.core[_CORE_NAME[s]]
+            layer = f"{c['forward_ratio_to_nope']:.2f}x time, {c['peak_bytes_ratio_to_nope']:.2f}x memory"
+            backed += "; " + chapter_link(4, "*Cost per layer*")
+        elif s in ("learned", "sinusoidal"):
+            layer = "as NoPE: it acts on the embeddings"
+        else:
+            layer = "the baseline" if s == "nope" else "not measured"
+        mean1 = _f2(lab.mean[s][i1])
+        rows.append([scheme_label(s), mean1, f"{extra:,}", f"{b['ratio_to_nope']:.2f}x (`{b['path']}`)", layer,
+                     _CHECKPOINTS[s], backed])
+        shown.append(f"{scheme_label(s):>15} {mean1:>5} {extra:>8,} {b['ratio_to_nope']:6.2f} {b['path']:>12}  "
+                     + ("as NoPE" if s in ("learned", "sinusoidal") else layer))
+    header = ["option", f"loss at the training length (bits/byte, L = {lab.train_len})",
+              "extra parameters (lab model)", f"training tokens/s vs NoPE (L = {bench.seq_len}), path",
+              f"one attention layer vs NoPE (L = {bench.seq_len})", "checkpoints", "backed by"]
+    lines = [f"{'scheme':>15} {'1x':>5} {'params':>8} {'speed':>6} {'path':>12}  attention layer"] + shown
+    facts = {"enc_learned_rows": f"{lab.runs['learned', seed0]['config']['max_len']:,}",
+             "bench_len": bench.seq_len}
+    return Section(lines, facts, checks, header, rows)
+
+
+def decoder_table(stored: Stored) -> Section:
+    """A long-context decoder trained from scratch: chapters 8 and 11's schemes at every length.
+
+    Each row: the mean loss at each multiple of the training length, chapter 8's
+    :func:`verdict`, the passkey gain of the key farthest back at the longest length (mean and
+    range over seeds), the training speed against NoPE (chapter 8's schemes) and the attention
+    path. Sorted by the loss at the longest length.
+
+    Raises:
+        TypeError: ``stored`` is not a :class:`Stored`.
+        ValueError: as :func:`lab_sweeps`, or T5, Shaw or Transformer-XL missing from the benchmark.
+    """
+    lab = lab_sweeps(_check_stored(stored))
+    bench, path = _bench(stored), _schemes(stored).path
+    mult, last = lab.multiples, lab.i_last
+    rows, shown = [], []
+    for s in sorted(lab.tail, key=lambda s: lab.mean[s][last]):
+        b = bench.speed(s) if s in lab.schemes8 and bench.measured(s) else None
+        cost = f"{b['ratio_to_nope']:.2f}x" if b else "not measured"
+        where = (chapter_link(8, "*The result* (figure) and *Retrieval: a passkey at every depth*")
+                 if s in lab.schemes8 else chapter_link(11, "*The lab: every newer scheme* (table and figure)"))
+        v = verdict(lab.tail[s], mult)
+        rows.append([scheme_label(s)] + [_f2(x) for x in lab.mean[s]]
+                    + [v, _span(lab.far_passkey[s]), cost, f"`{path[s]}`", where])
+        shown.append(f"{scheme_label(s):>18} " + " ".join(f"{_f2(x):>5}" for x in lab.mean[s])
+                     + f" {v:>8} {_f2(lab.far_passkey[s].mean()):>6} {cost:>12}")
+    header = (["scheme"] + [f"{m}x" for m in mult]
+              + ["verdict", f"passkey gain, farthest key at {mult[-1]}x (bits/digit), mean [range]",
+                 f"training tokens/s vs NoPE (L = {bench.seq_len})", "path", "backed by"])
+    lines = [f"{'bits per byte':>18} " + " ".join(f"{str(m) + 'x':>5}" for m in mult)
+             + f" {'verdict':>8} {'key':>6} {'speed':>12}"] + shown
+    facts = {"flat_bits": f"{FLAT_BITS:g}", "t5_speed": f"{bench.speed('t5')['ratio_to_nope']:.2f}",
+             "ref_speed": f"{max(bench.speed(s)['ratio_to_nope'] for s in ('shaw', 'xl')):.2f}",
+             "break_bits": f"{BREAK_BITS:g}"}
+    return Section(lines, facts, {}, header, rows)
+
+
+def _extension(stored: Stored) -> SimpleNamespace:
+    """Chapter 9's run: ``get(method, s, steps, length=None)`` (one value per seed, at ``s`` times
+    the training length by default), its ``seeds``, ``factors``, ``methods``, ``ft`` (the
+    longest fine-tune), ``s_mid`` (the middle factor) and ``head_dim``."""
+    def build() -> SimpleNamespace:
+        lab = lab_sweeps(stored)
+        rows = stored.rows("09_extension")
+        ext = Extension(rows, stored.data("09_extension"))
+        seeds = sorted({int(r["seed"]) for r in rows})
+
+        def get(m: str, s: float, ft: int, length: int | None = None) -> np.ndarray:
+            length = int(s * lab.train_len) if length is None else length    # by default the target s L
+            return ext.get(m, s, ft, "bpb_tail", length, seeds=seeds)
+
+        factors = ext.factors
+        return SimpleNamespace(get=get, seeds=seeds, factors=factors, methods=ext.methods, ft=max(ext.steps),
+                               s_mid=factors[len(factors) // 2],
+                               head_dim=lab.config["d_model"] // lab.config["n_heads"])
+    return _memo(stored, "extension", build)
+
+
+def _llama_cpp_note(conf: dict[str, Any], head_dim: int, native: int) -> str:
+    """How llama.cpp takes the scaling config ``conf``."""
+    args = llama_cpp_rope_args(conf, head_dim, max_position_embeddings=native)
+    if args is None:
+        return "no counterpart"
+    if any(k.startswith("rope_f") for k in args):
+        return "per-pair divisors stored in the GGUF file"
+    return f"flags (`--rope-scaling {args['--rope-scaling']}`)"
+
+
+def extension_lab_table(stored: Stored) -> Section:
+    """Extending the lab's RoPE model: chapter 9's methods at each factor, as is and fine-tuned.
+
+    Each row: tail bits per byte at ``s`` times the training length for each factor ``s``, as
+    is and after the longest fine-tune; at the training length when set up for the middle
+    factor; the config's ``rope_type`` and what llama.cpp makes of it. Checks: chapter 9's seeds
+    are chapter 8's, and its command took the default number of validation bytes.
+
+    Raises:
+        TypeError: ``stored`` is not a :class:`Stored`.
+        ValueError: as :func:`lab_sweeps` or :class:`~companion.lab.results.Extension`.
+    """
+    lab = lab_sweeps(_check_stored(stored))
+    x = _extension(stored)
+    length, ft, s_mid = lab.train_len, x.ft, x.s_mid
+    command = stored.tables["09_extension"][0]["command"]
+    checks = {"chapter 9's seeds are chapter 8's": x.seeds == lab.seeds,
+              "chapter 9's run took the default validation bytes": "--tokens" not in command}
+    n_eval = sorted({r["evaluations"] for r in stored.data("09_extension")["searches"]})
+    rows, shown = [], []
+    for m in x.methods:
+        conf = method_config(m, s_mid, length, x.head_dim)
+        note = f"; a search of {n_eval[0]} evaluations per model and factor" if m == "longrope" else ""
+        cells = []
+        for s in x.factors:
+            cells += [_f2(x.get(m, s, 0).mean()), _f2(x.get(m, s, ft).mean())]
+        at_l = _f2(x.get(m, s_mid, 0, length=length).mean())
+        rows.append([METHOD_LABELS[m]] + cells + [at_l, f"`{conf['rope_type']}`",
+                     _llama_cpp_note(conf, x.head_dim, length) + note,
+                     chapter_link(9, "*Measuring them* (table and figure)")])
+        shown.append(f"{METHOD_LABELS[m]:>21} " + " ".join(f"{c:>5}" for c in cells) + f" {at_l:>6}")
+    header = (["method"] + [f"s = {s:g}, {h}" for s in x.factors for h in ("as is", f"+{ft} steps")]
+              + [f"at L = {length}, set up for s = {s_mid:g}", "config", "llama.cpp", "backed by"])
+    sweep_tokens = lab.eval_config["tokens"]
+    lines = ([f"bits per byte at s x {length} (as is, then after {ft} steps), and at {length}",
+              f"{'':>21} " + " ".join(f"{'s = ' + format(s, 'g'):>11}" for s in x.factors) + f" {'at L':>6}"]
+             + shown
+             + [f"the unscaled model at L: {_f2(x.get('none', 1.0, 0, length=length).mean())} here, on "
+                f"{_EXTENSION_TOKENS:,} validation bytes per length; {_f2(lab.mean['rope'][lab.i1])} in chapter 8, "
+                f"on {sweep_tokens:,}"])
+    facts = {"ext_tokens": f"{_EXTENSION_TOKENS:,}", "sweep_tokens": f"{sweep_tokens:,}"}
+    return Section(lines, facts, checks, header, rows)
+
+
+def _smol(stored: Stored) -> SimpleNamespace:
+    """Chapter 10's SmolLM2 runs: perplexities ``ppl`` per (window, method), ``windows``,
+    ``methods``, ``length`` and ``native`` context, ``last``, the llama.cpp cross-check ``xc``
+    with each method's largest relative difference ``xc_rel`` and whether plain RoPE collapses
+    there too (``xc_none``), the model's RoPE ``base``, the ``labels`` and ``smol`` (each
+    method's geometric means over the windows)."""
+    def build() -> SimpleNamespace:
+        side = stored.data("10_ppl")
+        ppl = summarize(stored.rows("10_ppl"))
+        windows = sorted({w for w, _ in ppl})
+        methods = list(side["methods"])
+        xc = stored.data("10_llamacpp")["stored"]["methods"]
+        smol = {m: {k: geometric_mean([ppl[w, m][k] for w in windows]) for k in _HALVES} for m in methods}
+        xc_rel = {m: max(abs(xc[m]["llamacpp"][k] / xc[m]["stored"][k] - 1) for k in ("first_half", "second_half"))
+                  for m in xc if m != "none"}
+        xc_none = all(xc["none"][src]["second_half"] > 3 * xc["none"][src]["first_half"]
+                      for src in ("llamacpp", "stored"))
+        return SimpleNamespace(
+            side=side, ppl=ppl, windows=windows, methods=methods, length=side["length"],
+            native=int(side["length"] / side["factor"]), last=inspect.signature(summarize).parameters["last"].default,
+            xc=xc, base=xc["none"]["rope_args"]["--rope-freq-base"],   # SmolLM2's rope_theta, as stored
+            labels={"none": "plain RoPE", **{m: METHOD_LABELS[m] for m in methods if m != "none"}},
+            smol=smol, xc_rel=xc_rel, xc_none=xc_none)
+    return _memo(stored, "smol", build)
+
+
+def _halves_line(label: str, width: int, t: Mapping[str, float]) -> str:
+    return f"{label:>{width}} {_f2(t['first_half']):>9} {_f2(t['second_half']):>9} {_f2(t['last']):>10}"
+
+
+def _halves_header(first: str, width: int, last: int) -> str:
+    return f"{first:>{width}} {'1st half':>9} {'2nd half':>9} {'last ' + str(last):>10}"
+
+
+def extension_smol_table(stored: Stored) -> Section:
+    """Extending SmolLM2 past its native context (chapter 10): perplexity by half, per method.
+
+    Each row: the geometric mean over the stored windows of the perplexity of the native half,
+    the extension half and the last tokens, their ratio, the config, and whether llama.cpp
+    agrees; then the stored inference speeds of plain RoPE and YaRN.
+
+    Raises:
+        TypeError: ``stored`` is not a :class:`Stored`.
+        ValueError: as :func:`companion.longctx.summarize`.
+    """
+    sm = _smol(_check_stored(stored))
+    rows, shown = [], []
+    for m in sm.methods:
+        t = sm.smol[m]
+        conf = smol_method_config(m, sm.side["factor"], sm.native, sm.base)
+        if m == "none":
+            check = "collapses there too" if sm.xc_none else "a different verdict there"
+        elif m in sm.xc_rel:
+            check = f"both halves within {100 * sm.xc_rel[m]:.1f}% of it"
+        else:
+            check = "not run in it"
+        ratio = _f2(t["second_half"] / t["first_half"])
+        rows.append([sm.labels[m], _f2(t["first_half"]), _f2(t["second_half"]), _f2(t["last"]), ratio,
+                     f"`{conf['rope_type']}`" if conf else "`default`", check,
+                     chapter_link(10, "*The experiment* (table and figure) and *The 16K results in llama.cpp*")])
+        shown.append(_halves_line(sm.labels[m], 12, t) + f" {ratio:>7}")
+    rows.append(["LongRoPE", "not run on this model", "", "", "", "`longrope`", "", chapter_link(10)])
+    header = ["method", f"perplexity, tokens 0 to {sm.native - 1}", f"tokens {sm.native} to {sm.length - 1}",
+              f"last {sm.last}", "second half / first", "config", "llama.cpp", "backed by"]
+    bench = {r["tokens"]: r["runs"] for r in stored.data("llama_cpu")["results"]}
+    lines = ([f"{len(sm.windows)} windows of {sm.length} tokens; native context {sm.native}; factor "
+              f"{sm.side['factor']:g}", _halves_header("method", 12, sm.last) + f" {'ratio':>7}"] + shown
+             + [f"stored speed at {n} tokens: plain RoPE {r['default']['tokens_per_second']:.0f} tokens/s, "
+                f"YaRN {r['yarn-2']['tokens_per_second']:.0f} tokens/s" for n, r in sorted(bench.items())])
+    yarn_not_slower = all(r["yarn-2"]["seconds"] <= r["default"]["seconds"] for r in bench.values())
+    facts = {"yarn_speed": "was not the slower one at either length" if yarn_not_slower
+             else "was the slower one at some length",
+             "smol_native": f"{sm.native:,}", "smol_len": f"{sm.length:,}"}
+    return Section(lines, facts, {}, header, rows)
+
+
+def smol_passkey(stored: Stored) -> Section:
+    """Chapter 10's passkey test on SmolLM2: keys found by plain RoPE at the native context and
+    by YaRN at the extended one.
+
+    Raises:
+        TypeError: ``stored`` is not a :class:`Stored`.
+        ValueError: the test has no trial at one of those lengths.
+    """
+    sm = _smol(_check_stored(stored))
+    found: dict[tuple[int, str], list[bool]] = {}
+    for r in stored.rows("10_passkey"):
+        found.setdefault((int(r["tokens"]), r["method"]), []).append(r["correct"] == "1")
+    for key in ((sm.native, "none"), (sm.length, "yarn")):
+        if key not in found:
+            raise ValueError(f"the passkey test has no trial of {key[1]!r} at {key[0]} tokens")
+    native, yarn = found[sm.native, "none"], found[sm.length, "yarn"]
+    line = (f"passkey, SmolLM2: plain RoPE at {sm.native} tokens found {sum(native)} of {len(native)} keys; "
+            f"YaRN at {sm.length} found {sum(yarn)} of {len(yarn)}")
+    return Section([line], {"pk_native": f"{sum(native)} of {len(native)}", "pk_yarn": f"{sum(yarn)} of {len(yarn)}"})
+
+
+def _trainfree(stored: Stored) -> SimpleNamespace:
+    """Chapter 11's training-free methods on the lab model: ``runs`` by seed, ``tf`` (per method,
+    ``(seeds, lengths)`` tail bits per byte), ``plain_gap`` (the largest difference of its
+    plain RoPE from chapter 8's) and ``data``."""
+    def build() -> SimpleNamespace:
+        lab = lab_sweeps(stored)
+        data = stored.data("11_trainfree_lab")
+        runs = sorted(data["runs"], key=lambda r: r["seed"])
+        if [r["seed"] for r in runs] != lab.seeds or data["multiples"] != lab.multiples:
+            raise ValueError(f"chapter 11's training-free run must have chapter 8's seeds {lab.seeds} and "
+                             f"multiples {lab.multiples}, got {[r['seed'] for r in runs]} and {data['multiples']}")
+        tf = {n: np.array([[r["methods"][n]["bpb"][str(w)]["tail"] for w in lab.lengths] for r in runs])
+              for n in TRAINFREE_LABELS}
+        gap = max(abs(r["plain"][str(w)]["tail"] - lab.runs["rope", r["seed"]]["eval"]["bpb"][str(w)]["tail"])
+                  for r in runs for w in lab.lengths)   # plain RoPE in this file is chapter 8's model
+        return SimpleNamespace(runs=runs, tf=tf, plain_gap=gap, data=data)
+    return _memo(stored, "trainfree", build)
+
+
+def streaming_lab_table(stored: Stored) -> Section:
+    """Streaming on the lab's RoPE model: chapter 11's training-free methods beside plain RoPE
+    and ALiBi trained from scratch.
+
+    Each row: the mean tail bits per byte at each length, the largest distance RoPE sees at the
+    longest length and what the method keeps in memory. Checks: its plain RoPE is chapter 8's
+    model (within 1e-3 bits), every seed ran with the same settings, and every method keeps RoPE
+    inside the trained range (a sink cache's reach by :func:`cache_reach`, checked against the
+    reach chapter 11 stored for SmolLM2).
+
+    Raises:
+        TypeError: ``stored`` is not a :class:`Stored`.
+        ValueError: as :func:`lab_sweeps`, or a run with other seeds or lengths than chapter 8's.
+    """
+    lab = lab_sweeps(_check_stored(stored))
+    t = _trainfree(stored)
+    w_last = lab.lengths[-1]
+    smol_sinks = stored.data("11_trainfree_ppl")["trainfree"]["sinks"]
+    checks = {"its plain RoPE is chapter 8's": t.plain_gap < 1e-3,
+              "the sink reach rule gives SmolLM2's stored reach": cache_reach(smol_sinks) == smol_sinks["reach"]}
+
+    def memory_cell(n: str) -> str:
+        """The largest distance RoPE sees at the longest length, and which keys a query reads."""
+        st = t.runs[0]["methods"][n]["settings"][str(w_last)]
+        checks[f"{n}: one setting for every seed"] = all(r["methods"][n]["settings"][str(w_last)] == st
+                                                         for r in t.runs)
+        if "n_sink" in st:
+            cache = (f"a cache of {st['n_sink']} sinks and {st['window']} recent keys, read in chunks of "
+                     f"{st['chunk']}: bounded")
+            if not st.get("rerotate", True):   # every key keeps its position in the stream
+                return f"{w_last - 1}, from the sinks; {cache}"
+            top = cache_reach(st)
+            checks[f"{n}: inside the trained range"] = top < lab.train_len
+            return f"{top}; {cache}"
+        mode = SelfExtend(st["window"], st["group"]) if n == "self_extend" else ReRoPE(st["window"], st.get("leak"))
+        far = max_relative_position(mode, w_last)
+        checks[f"{n}: inside the trained range"] = far < lab.train_len
+        return f"{far:g}; every key is read"
+
+    rows, shown = [], []
+    for n, label in [("plain", "plain RoPE")] + list(TRAINFREE_LABELS.items()):
+        arr = lab.tail["rope"] if n == "plain" else t.tf[n]
+        cell = f"{w_last - 1}; every key is read" if n == "plain" else memory_cell(n)
+        rows.append([label] + [_f2(v) for v in arr.mean(0)]
+                    + [cell, "any RoPE checkpoint, no training", chapter_link(11, "*On the lab model*")])
+        shown.append(f"{label:>22} " + " ".join(f"{_f2(v):>5}" for v in arr.mean(0)))
+    rows.append(["ALiBi, trained from scratch"] + [_f2(v) for v in lab.mean["alibi"]]
+                + ["no rotation; every key is read", "needs a model trained with it",
+                   chapter_link(8, "*The result*")])
+    shown.append(f"{'ALiBi (trained)':>22} " + " ".join(f"{_f2(v):>5}" for v in lab.mean["alibi"]))
+    header = (["method"] + [f"{m}x" for m in lab.multiples]
+              + [f"largest distance RoPE sees at {w_last}; memory", "checkpoints", "backed by"])
+    lines = [f"{'bits per byte':>22} " + " ".join(f"{str(m) + 'x':>5}" for m in lab.multiples)] + shown
+    return Section(lines, {}, checks, header, rows)
+
+
+def _smol_trainfree(stored: Stored) -> SimpleNamespace:
+    """Chapter 11's training-free methods on SmolLM2 beside chapter 10's plain RoPE and YaRN on
+    the same windows: ``smol_tf`` (per method, geometric means and stored seconds per pass),
+    ``windows``, ``methods``, ``data`` and the ``checks`` that the tokens are chapter 10's."""
+    def build() -> SimpleNamespace:
+        sm = _smol(stored)
+        data = stored.data("11_trainfree_ppl")
+        tfp = summarize(stored.rows("11_trainfree_ppl"))
+        wins = [w["index"] for w in data["windows"]]
+        hash10 = {w["index"]: w["ids_sha256"] for w in sm.side["windows"]}
+        checks = {"the same tokens as chapter 10": all(hash10.get(w["index"]) == w["ids_sha256"]
+                                                       for w in data["windows"]),
+                  "the same length as chapter 10": data["length"] == sm.length}
+        methods = list(data["methods"])
+        smol_tf = {}
+        for m in ["none", "yarn"] + methods:
+            src = sm.ppl if m in ("none", "yarn") else tfp
+            smol_tf[m] = {k: geometric_mean([src[w, m][k] for w in wins]) for k in _HALVES}
+            smol_tf[m]["seconds"] = float(np.mean([src[w, m]["seconds"] for w in wins]))
+        return SimpleNamespace(smol_tf=smol_tf, windows=wins, methods=methods, data=data, checks=checks)
+    return _memo(stored, "smol_trainfree", build)
+
+
+def streaming_smol_table(stored: Stored) -> Section:
+    """The training-free methods on SmolLM2 past its native context, beside plain RoPE and YaRN.
+
+    Each row: the geometric mean over the stored windows of the perplexity of each half and of
+    the last tokens, the largest position RoPE sees, and the stored seconds per pass. Checks:
+    the windows are chapter 10's tokens at chapter 10's length.
+
+    Raises:
+        TypeError: ``stored`` is not a :class:`Stored`.
+        ValueError: as :func:`companion.longctx.summarize`.
+    """
+    sm = _smol(_check_stored(stored))
+    st = _smol_trainfree(stored)
+    rows, shown = [], []
+    for m, t in st.smol_tf.items():
+        label = sm.labels.get(m) or TRAINFREE_LABELS[m]
+        if m in st.methods:
+            cell = f"{st.data['trainfree'][m]['reach']:g}" + ("; bounded cache" if m == "sinks" else "")
+        else:
+            cell = f"{sm.length - 1}" + ("" if m == "none" else ", at rescaled frequencies")
+        rows.append([label, _f2(t["first_half"]), _f2(t["second_half"]), _f2(t["last"]), cell, f"{t['seconds']:.0f}",
+                     chapter_link(11, "*On SmolLM2-135M at twice its context*") if m in st.methods
+                     else chapter_link(10, "*The experiment*")])
+        shown.append(_halves_line(label, 15, t) + f" {t['seconds']:8.0f}")
+    header = ["method", f"perplexity, tokens 0 to {sm.native - 1}", f"tokens {sm.native} to {sm.length - 1}",
+              f"last {sm.last}", "largest position RoPE sees", "stored seconds per pass", "backed by"]
+    lines = ([f"window(s) {st.windows}; the seconds per pass were stored under different loads",
+              _halves_header("method", 15, sm.last) + f" {'s/pass':>8}"] + shown)
+    return Section(lines, {}, dict(st.checks), header, rows)
+
+
+#: The grid schemes of chapter 12, with their labels.
+_GRID_LABELS = {"learned": "learned (resized)", "sincos-2d": "2-D sin-cos", "axial": "axial RoPE",
+                "mixed": "RoPE-Mixed", "nope": "NoPE"}
+_GRID_CHECKPOINTS = {
+    "learned": "a ViT table, resampled bicubically to a new grid as DeiT does " + chapter_link(12),
+    "sincos-2d": "MAE's table " + chapter_link(12),
+    "axial": "rope-vit's axial form " + chapter_link(12),
+    "mixed": "rope-vit's learned mixed frequencies " + chapter_link(12),
+    "nope": "nothing to load",
+}
+
+
+def _grid(stored: Stored) -> SimpleNamespace:
+    """Chapter 12's grid experiment: ``data``, ``summary``, ``grids`` (as strings), ``train`` and
+    ``last`` grid sizes, and ``gmean`` (per scheme and grid, the mean accuracy)."""
+    data = stored.data("12_grid")
+    summ = data["summary"]
+    grids = [str(g) for g in data["grids"]]
+    return SimpleNamespace(data=data, summary=summ, grids=grids, train=str(data["task"]["grid"]), last=grids[-1],
+                           gmean={n: {g: summ[n]["by_grid"][g]["mean"] for g in grids} for n in _GRID_LABELS})
+
+
+def grid_table(stored: Stored) -> Section:
+    """Vision and 2-D inputs: chapter 12's grid encoders, trained on one grid, tested on larger.
+
+    Each row: the accuracy at each grid size (mean and range over seeds), the two diagnostics
+    at the largest grid (the training grid shifted, attention windowed), the attention path and
+    what checkpoints load; then M-RoPE, which the experiment did not run. The check: the first
+    grid is the training grid.
+
+    Raises:
+        TypeError: ``stored`` is not a :class:`Stored`.
+    """
+    g = _grid(_check_stored(stored))
+    data, summ, grids, g_last = g.data, g.summary, g.grids, g.last
+    settings = data["settings"]
+    n_heads = settings["n_heads"]
+    q = torch.zeros(1, n_heads, int(g.train) ** 2, settings["d_model"] // n_heads)
+    gpos = grid_positions((int(g.train), int(g.train)))
+    rows, shown = [], []
+    for n, label in _GRID_LABELS.items():
+        by = summ[n]["by_grid"]
+        cells = [f"{_f2(by[x]['mean'])} [{_f2(by[x]['min'])} to {_f2(by[x]['max'])}]" for x in grids]
+        sh, wi = summ[n]["shifted"].get(g_last), summ[n]["window"].get(g_last)
+        sch = grid_task.build_scheme(n)
+        pos = (gpos, gpos) if sch.position_axes == 2 else ()
+        p = attention_path(q, q, q, sch, *pos)
+        sh_cell, wi_cell = _f2(sh["mean"]) if sh else "-", _f2(wi["mean"]) if wi else "-"
+        rows.append([label] + cells + [sh_cell, wi_cell, f"`{p}`", _GRID_CHECKPOINTS[n],
+                     chapter_link(12, "*Experiment: train on one grid, test on larger ones* (table and figure)")])
+        shown.append(f"{label:>17} " + " ".join(_f2(by[x]["mean"]).rjust(6) for x in grids)
+                     + f" {sh_cell:>8} {wi_cell:>8}")
+    rows.append(["M-RoPE (Qwen2-VL)", "not in the experiment"] + [""] * (len(grids) + 2)
+                + ["HuggingFace's Qwen2-VL arithmetic, bit for bit in float32; text positions give back 1-D RoPE "
+                   + chapter_link(12, "*HuggingFace's arithmetic*"), chapter_link(12)])
+    header = (["scheme"] + [f"accuracy at G = {x}, mean [range]" for x in grids]
+              + [f"training grid shifted, at G = {g_last}", f"attention windowed, at G = {g_last}", "path",
+                 "checkpoints", "backed by"])
+    n_params = {n: sum(p.numel() for p in grid_task.build_scheme(n).parameters()) for n in ("mixed", "learned")}
+    lines = [f"accuracy (both offsets right), mean of {summ['axial']['seeds']} seeds, trained at G = {g.train}; "
+             f"chance {data['runs'][0]['chance']:.3f}",
+             f"{'':>17} " + " ".join(f"{'G=' + x:>6}" for x in grids) + f" {'shifted':>8} {'window':>8}"] + shown
+    facts = {"mixed_params": n_params["mixed"], "learned_params": f"{n_params['learned']:,}"}
+    return Section(lines, facts, {"the first grid is the training grid": grids[0] == g.train}, header, rows)
+
+
+#: What each hook gets from ``companion.kernels`` (the kernel table's column).
+_KERNEL = {
+    "rotate": "`fused_rope` rotates by any cos/sin table: RoPE and its rescaled or truncated frequencies; "
+              "not xPos's scales",
+    "bias": "`flash_attention_with_bias` for ALiBi and T5; none for Kerple or FIRE",
+    "score": "none: a per-distance table enters every logit",
+    "embed": "none needed: attention is plain",
+    "": "none needed: attention is plain",
+}
+
+
+def _kernel_bench(stored: Stored) -> SimpleNamespace:
+    """The CPU benchmarks of chapters 5 and 6: ``rope`` (the RoPE ratios), ``length`` (the
+    longest of the bias benchmark, a string) and ``big`` (its ratios at that length, at the
+    largest thread count)."""
+    bias = stored.data("06_bias_attention_cpu")
+    threads, length = str(max(bias["config"]["threads"])), str(max(bias["config"]["lengths"]))
+    return SimpleNamespace(rope=stored.data("rope_cpu")["ratios"], length=length, big=bias["ratios"][threads][length])
+
+
+def kernel_table(stored: Stored) -> Section:
+    """Kernel availability: what ``companion.kernels`` offers each family of schemes, grouped by
+    hook and attention path, with the CPU measurements that were stored and whether a GPU
+    benchmark is (``07_gpu_benchmarks.json`` in the folder). The check: the bias kernel covers
+    ALiBi and T5.
+
+    Raises:
+        TypeError: ``stored`` is not a :class:`Stored`.
+        ValueError: as :func:`lab_sweeps`.
+    """
+    lab = lab_sweeps(_check_stored(stored))
+    bench, sch, kb = _bench(stored), _schemes(stored), _kernel_bench(stored)
+    gpu_stored = (stored.data_dir / GPU_BENCHMARK).exists()
+    lines = [f"companion.kernels: fused_rope (layouts 'half' and 'interleaved', head_dim up to "
+             f"{kernels.MAX_ROPE_HEAD_DIM}); flash_attention_with_bias with the biases "
+             f"{[b for b in kernels.BIASES if b]} (head_dim up to {kernels.MAX_ATTENTION_HEAD_DIM}); "
+             f"dtypes {[str(d).split('.')[-1] for d in kernels.KERNEL_DTYPES]}"]
+
+    def speeds(names: list[str]) -> str:
+        return ", ".join(f"{scheme_label(s)} {bench.speed(s)['ratio_to_nope']:.2f}x" for s in names
+                         if s in lab.schemes8)
+
+    families: dict[tuple[str, str], list[str]] = {}
+    for s in lab.schemes:
+        families.setdefault((sch.hooks[s], sch.path[s]), []).append(s)
+    rows = []
+    for (hook, p), names in sorted(families.items()):
+        measured = f"training tokens/s vs NoPE: {speeds(names)}" if hook else "the baseline"
+        if hook == "rotate":
+            measured += (f"; `apply_rope` {kb.rope['apply_rope']['hf_eager_over']:.2f}x faster than HuggingFace's "
+                         f"eager formula, in place {kb.rope['apply_rope_inplace']['hf_eager_over']:.2f}x "
+                         + chapter_link(5, "*Timings*"))
+        if hook == "bias" and "alibi" in names:
+            measured += (f"; at {int(kb.length):,} tokens the blockwise path held {kb.big['memory']:.4f}x the memory "
+                         f"of a materialised bias and took {kb.big['time']:.2f}x the time "
+                         + chapter_link(6, "*Measured: memory and time on this CPU*"))
+        if hook == "score":
+            measured += ("; a layer's peak memory is NoPE's plus one float32 (heads, L, L) tensor "
+                         + chapter_link(4, "*Cost per layer*"))
+        rows.append([", ".join(scheme_label(s) for s in names), f"`{hook or 'none'}`", f"`{p}`", _KERNEL[hook],
+                     measured, "stored" if gpu_stored else "not measured: no stored GPU run", chapter_link(7)])
+        lines.append(f"{hook or 'none':>7} {p:>12}: {', '.join(scheme_label(s) for s in names)}")
+    header = ["schemes", "hook", f"CPU path (L = {bench.seq_len})", "fused GPU kernel", "stored CPU measurement",
+              "GPU speed", "backed by"]
+    lines.append(f"{GPU_BENCHMARK} is present: GPU timings are stored" if gpu_stored else
+                 f"{GPU_BENCHMARK} is absent: no GPU timing is stored for this build")
+    facts = {"gpu_note": "stores GPU timings" if gpu_stored
+             else "stores no GPU timings, so this guide ranks no kernel by GPU speed"}
+    return Section(lines, facts, {"the bias kernel covers ALiBi and T5": {"alibi", "t5"} <= set(kernels.BIASES)},
+                   header, rows)
+
+
+def rules_of_thumb(stored: Stored) -> Section:
+    """The appendix's rules of thumb, each computed from the stored results, on every seed.
+
+    ``checks`` holds one entry per rule (``True`` where the stored data bear it out) and
+    ``facts`` the numbers the rules quote, by glue name. The rules:
+
+    * *fixed length*: at the training length RoPE, T5, Shaw and Transformer-XL beat the
+      absolute tables and ALiBi by more than 0.05 bits on every seed; RoPE trains at more than
+      0.9 times NoPE's speed, Shaw and Transformer-XL at less than 0.25;
+    * *flat from scratch*: exactly ALiBi, Shaw, Transformer-XL and both Kerple forms are flat
+      (:func:`verdict`), both Kerples beat ALiBi at every other length on every seed, and ALiBi
+      trains at more than 0.9 times NoPE's speed;
+    * *rotary breaks*: RoPE, p-RoPE, RoPE with NoPE layers and the absolute tables break;
+    * *flat is not memory*: ALiBi and Kerple (power) gain less than 0.5 bits per digit from the
+      farthest key on every seed, Shaw more than 2;
+    * *no fine-tune: YaRN*: YaRN and LongRoPE are the two best at each factor above the
+      smallest on every seed, and YaRN has SmolLM2's best second half on every window;
+    * *not PI as is*: unfine-tuned PI costs more than 1 bit at the lab model's training length
+      at every factor, and more than doubles SmolLM2's native-half perplexity on every window;
+    * *fine-tuned*: after the longest fine-tune every method but PI is within 0.1 bits of
+      fine-tuning with no scaling, on every seed and factor, and PI is worse;
+    * *llama.cpp*: Dynamic NTK has no llama.cpp counterpart, plain RoPE collapses in llama.cpp
+      too, and the others agree with it within 5%;
+    * *streaming*: every training-free method beats plain RoPE by more than a bit from 4x on,
+      the sink cache beats ALiBi at the longest length on every seed, re-rotation is worth
+      more than 0.25 bits at 4x, the sinks change the loss by less than 0.01 bits, and on
+      SmolLM2 the sink cache's second half is below YaRN's by less than 5%;
+    * *grids*: a 2-D RoPE has the best mean one size up, both RoPEs beat the resized learned
+      table at every larger grid, axial RoPE's seeds spread more than 0.3 there, the RoPEs
+      score the shifted training grid within 0.01 of the training grid while the absolute
+      tables fall below 0.5, and every scheme loses more than half its accuracy at the largest;
+    * *kernels*: Shaw, Transformer-XL and CoPE take the reference path, RoPE torch's fused
+      causal attention; the blockwise bias holds less than a tenth of the memory of a
+      materialised one at the longest length, and ``apply_rope`` beats HuggingFace's eager
+      formula by more than 1.5 times.
+
+    Raises:
+        TypeError: ``stored`` is not a :class:`Stored`.
+        ValueError: as the sections it reads (:func:`lab_sweeps` and the others).
+    """
+    lab = lab_sweeps(_check_stored(stored))
+    bench, path = _bench(stored), _schemes(stored).path
+    x, sm, t, st, g, kb = (_extension(stored), _smol(stored), _trainfree(stored), _smol_trainfree(stored),
+                           _grid(stored), _kernel_bench(stored))
+    tail, mean, i1, i16, mult = lab.tail, lab.mean, lab.i1, lab.i_last, lab.multiples
+    far_pk, tf, smol, smol_tf, summ, gmean = lab.far_passkey, t.tf, sm.smol, st.smol_tf, g.summary, g.gmean
+    rules: dict[str, bool] = {}
+    f: dict[str, Any] = {}
+
+    def worse(s: str, i: int) -> float:      # the worse seed
+        return float(tail[s][:, i].max())
+
+    def better(s: str, i: int) -> float:     # the better seed
+        return float(tail[s][:, i].min())
+
+    def ratio(s: str) -> float:
+        return bench.speed(s)["ratio_to_nope"]
+
+    # 1. Fixed length: rotary and relative schemes ahead of the absolute tables and ALiBi; RoPE
+    #    nearly free, the score-hook schemes not.
+    gap1 = min(better(b, i1) for b in ("learned", "sinusoidal", "alibi")) - max(worse(a, i1)
+                                                                                for a in ("rope", "t5", "shaw", "xl"))
+    score_speed = max(ratio(s) for s in ("shaw", "xl"))
+    rules["fixed length"] = gap1 > 0.05 and ratio("rope") > 0.9 and score_speed < 0.25
+    f.update(r_gap1=f"{gap1:.2f}", r_rope_speed=f"{ratio('rope'):.2f}", r_score_speed=f"{score_speed:.2f}")
+
+    # 2. From scratch, beyond the training length: which schemes stay flat; Kerple ahead of ALiBi.
+    flat = [s for s in tail if verdict(tail[s], mult) == "flat"]
+    breaks = [s for s in tail if verdict(tail[s], mult) == "breaks"]
+    best_long = min(tail, key=lambda s: mean[s][i16])
+    kerple_ahead = all(worse(k, i) < better("alibi", i) for k in ("kerple-log", "kerple-power")
+                       for i in range(len(mult)) if i != i1)
+    rules["flat from scratch"] = (set(flat) == {"alibi", "shaw", "xl", "kerple-log", "kerple-power"}
+                                  and kerple_ahead and ratio("alibi") > 0.9 > 0.25 > score_speed)
+    f.update(r_flat=_listing(scheme_label(s) for s in sorted(flat, key=lambda s: mean[s][i16])),
+             r_best_long=f"{scheme_label(best_long)} ({_f2(mean[best_long][i16])})",
+             r_alibi_long=_f2(mean["alibi"][i16]),
+             r_flat_rise=_f2(max((tail[s] - tail[s][:, [i1]]).max() for s in flat)),
+             r_alibi_speed=f"{ratio('alibi'):.2f}")
+
+    # 3. Rotary variants break without an inference-time fix.
+    rules["rotary breaks"] = {"rope", "p-rope", "rope-nope", "learned", "sinusoidal"} <= set(breaks)
+    f.update(r_breaks=_listing(scheme_label(s) for s in breaks), r_rope_long=_f2(mean["rope"][i16]),
+             r_rope1=_f2(mean["rope"][i1]))
+
+    # 4. Flat is not long memory.
+    blind = max(far_pk["alibi"].max(), far_pk["kerple-power"].max())
+    rules["flat is not memory"] = blind < 0.5 and far_pk["shaw"].min() > 2
+    f.update(r_blind_key=_f2(blind), r_shaw_key=_f2(far_pk["shaw"].min()),
+             r_xl_keys=f"{_f2(far_pk['xl'].min())} and {_f2(far_pk['xl'].max())}")
+
+    # 5. Stretching without fine-tuning: YaRN or LongRoPE on the lab model, YaRN on SmolLM2.
+    get, factors, ft, s_mid = x.get, x.factors, x.ft, x.s_mid
+    big = [s for s in factors if s > factors[0]]
+    best_two = [sorted(x.methods, key=lambda m: get(m, s, 0)[i])[:2] for s in big for i in range(len(lab.seeds))]
+    best_smol = {w: min(sm.methods, key=lambda m: sm.ppl[w, m]["second_half"]) for w in sm.windows}
+    rules["no fine-tune: YaRN"] = (all(set(b) == {"yarn", "longrope"} for b in best_two)
+                                   and set(best_smol.values()) == {"yarn"})
+    f.update(r_big=" and ".join(f"s = {s:g}" for s in big), r_yarn_mid=_f2(get("yarn", s_mid, 0).mean()),
+             r_none_mid=_f2(get("none", s_mid, 0).mean()), r_s_mid=f"{s_mid:g}",
+             r_yarn_smol=_f2(smol["yarn"]["second_half"]), r_none_smol=_f2(smol["none"]["second_half"]))
+
+    # 6. PI costs the native range when nothing is fine-tuned.
+    length = lab.train_len
+    pi_lab = min(float((get("pi", s, 0, length=length) - get("none", 1.0, 0, length=length)).min()) for s in factors)
+    pi_smol = min(sm.ppl[w, "pi"]["first_half"] / sm.ppl[w, "none"]["first_half"] for w in sm.windows)
+    rules["not PI as is"] = pi_lab > 1.0 and pi_smol > 2.0
+    f.update(r_pi_lab=_f2(pi_lab), r_pi_smol=f"{pi_smol:.1f}")
+
+    # 7. With a short fine-tune the method matters little, PI excepted.
+    ft_gap = max(float(np.abs(get(m, s, ft) - get("none", s, ft)).max())
+                 for m in x.methods if m not in ("none", "pi") for s in factors)
+    pi_ft_worse = all((get("pi", s, ft) > get("none", s, ft)).all() for s in factors)
+    rules["fine-tuned"] = ft_gap < 0.1 and pi_ft_worse
+    f.update(r_ft_gap=_f2(ft_gap), r_ft=ft)
+
+    # 8. Tooling: the frequency-only methods translate to llama.cpp, Dynamic NTK does not.
+    no_dyn = llama_cpp_rope_args(method_config("dynamic", s_mid, length, x.head_dim), x.head_dim,
+                                 max_position_embeddings=length) is None
+    rules["llama.cpp"] = no_dyn and sm.xc_none and max(sm.xc_rel.values()) < 0.05
+    f.update(r_xc=f"{100 * max(sm.xc_rel.values()):.1f}", r_xc_methods=_listing(sm.labels[m] for m in sm.xc_rel))
+
+    # 9. Unbounded input on a RoPE model: a re-rotated sink cache.
+    i4 = mult.index(4)
+    tf_ahead = all((tf[n][:, i4:] < tail["rope"][:, i4:] - 1).all()
+                   for n in ("rerope", "leaky_rerope", "self_extend", "sinks"))
+    sinks_vs_alibi = tf["sinks"][:, i16].max() < tail["alibi"][:, i16].min()
+    rerot = float((tf["sinks_no_rerotate"][:, i4] - tf["sinks"][:, i4]).min())
+    sink_effect = float(np.abs(tf["sinks"] - tf["window_only"]).max())
+    sink_vs_yarn = 1 - smol_tf["sinks"]["second_half"] / smol_tf["yarn"]["second_half"]
+    rules["streaming"] = (tf_ahead and sinks_vs_alibi and rerot > 0.25 and sink_effect < 0.01
+                          and 0 < sink_vs_yarn < 0.05)
+    f.update(r_sinks_long=_f2(tf["sinks"][:, i16].mean()), r_mult4=f"{mult[i4]}x", r_rerot=_f2(rerot),
+             r_sink_yarn=f"{100 * sink_vs_yarn:.1f}", r_sink_effect=f"{sink_effect:.3f}")
+
+    # 10. Grids: a 2-D RoPE, for modest growth only, and no reliable winner among the RoPEs.
+    grids, g_train, g_last = g.grids, g.train, g.last
+    trained = [n for n in _GRID_LABELS if n != "nope"]
+    g1 = grids[1]
+    ropes_first = max(trained, key=lambda n: gmean[n][g1]) in ("axial", "mixed")
+    over_learned = all(min(gmean["axial"][s], gmean["mixed"][s]) > gmean["learned"][s] for s in grids[1:])
+    axial = summ["axial"]["by_grid"][g1]
+    shift_ok = all(abs(r["shifted_accuracy"][s] - r["accuracy"][g_train]) <= 0.01
+                   for r in g.data["runs"] if r["scheme"] in ("axial", "mixed") for s in grids[1:])
+    abs_shift = max(summ[n]["shifted"][g_last]["mean"] for n in ("learned", "sincos-2d"))
+    halved = all(gmean[n][g_train] - gmean[n][g_last] > 0.5 for n in trained)
+    rules["grids"] = (ropes_first and over_learned and axial["max"] - axial["min"] > 0.3 and shift_ok
+                      and abs_shift < 0.5 and halved)
+    f.update(r_axial_g1=_f2(gmean["axial"][g1]), r_mixed_g1=_f2(gmean["mixed"][g1]), r_axial_g1_lo=_f2(axial["min"]),
+             r_axial_g1_hi=_f2(axial["max"]), r_grid_best_last=_f2(max(gmean[n][g_last] for n in trained)),
+             r_g1=g1, r_glast=g_last, r_abs_shift=_f2(abs_shift))
+
+    # 11. Kernels: rotate or bias, not score.
+    rules["kernels"] = (path["shaw"] == path["xl"] == path["cope"] == "reference"
+                        and path["rope"] == "sdpa-causal" and kb.big["memory"] < 0.1
+                        and kb.rope["apply_rope"]["hf_eager_over"] > 1.5)
+    f.update(r_bias_mem=f"{kb.big['memory']:.4f}", r_bias_len=f"{int(kb.length):,}")
+
+    line = (f"rules that hold on the stored data, {sum(rules.values())} of {len(rules)}: "
+            + ", ".join(n for n, ok in rules.items() if ok))
+    return Section([line], f, rules)
