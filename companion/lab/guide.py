@@ -102,12 +102,12 @@ class Stored:
     """The stored results the guide reads, as :func:`load_stored` returns them.
 
     Attributes:
-        data_dir: the folder they were read from (``chapters/data/``).
+        data_dir: the folder they were read from (``chapters/data/``), a ``pathlib.Path``.
         results: each JSON result's payload (``provenance`` and ``data``), by file stem.
         tables: each CSV result as ``(provenance, rows)``, by file stem.
     """
 
-    data_dir: Path
+    data_dir: Any  # a pathlib.Path (Any: the API page cannot link pathlib offline)
     results: dict[str, dict[str, Any]]
     tables: dict[str, tuple[dict[str, Any], list[dict[str, str]]]]
     _memo: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -382,9 +382,10 @@ class LabSweeps:
     schemes8: list[str]
     schemes11: list[str]
     runs: dict[tuple[str, int], dict[str, Any]]
-    tail: dict[str, np.ndarray]
-    mean: dict[str, np.ndarray]
-    far_passkey: dict[str, np.ndarray]
+    # numpy arrays (typed Any: the API page cannot link numpy offline)
+    tail: dict[str, Any]
+    mean: dict[str, Any]
+    far_passkey: dict[str, Any]
     checks: dict[str, bool]
 
     @property
