@@ -303,6 +303,26 @@ def test_provenance(stored):
     assert lines[names.index("08_sweep.json")].startswith(f"08_sweep.json: {cmd} (")
 
 
+@pytest.mark.parametrize("command, shown", [
+    ("python benchmarks/x.py --threads 1 2 --max-load 0.7 --wait-s 1200", "python benchmarks/x.py --threads 1 2"),
+    ("python b.py --max-load=0.5 --out a.json", "python b.py --out a.json"),
+    ("python -m companion.lab sweep --seeds 0 1", "python -m companion.lab sweep --seeds 0 1"),
+])
+def test_shown_command_drops_only_the_scheduling_flags(command, shown):
+    assert guide.shown_command(command) == shown
+
+
+def test_provenance_shows_no_scheduling_flag(stored):
+    raw = [r["provenance"]["command"] for r in stored.results.values()]
+    assert any("--max-load" in c for c in raw), "the stored data no longer has a scheduled run to check"
+    assert not any(flag in line for line in guide.provenance(stored).lines for flag in guide.SCHEDULING_FLAGS)
+
+
+def test_shown_command_bad_input():
+    with pytest.raises(TypeError, match="command"):
+        guide.shown_command(["python", "x.py"])
+
+
 def test_models(stored):
     s = guide.models(stored)
     nope = next(r for r in stored.data("08_sweep")["runs"] if r["config"]["scheme"] == "nope")

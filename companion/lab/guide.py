@@ -47,8 +47,9 @@ from .extend import METHOD_LABELS, method_config
 from .results import Extension, Sweep
 from .schemes import build_scheme, scheme_label
 
-__all__ = ["STORED_JSON", "STORED_CSV", "CHAPTER_PAGES", "FLAT_BITS", "BREAK_BITS", "TRAINFREE_LABELS", "Stored",
-           "Section", "LabSweeps", "load_stored", "chapter_link", "verdict", "cache_reach", "geometric_mean",
+__all__ = ["STORED_JSON", "STORED_CSV", "CHAPTER_PAGES", "FLAT_BITS", "BREAK_BITS", "TRAINFREE_LABELS",
+           "SCHEDULING_FLAGS", "Stored", "Section", "LabSweeps", "load_stored", "shown_command", "chapter_link",
+           "verdict", "cache_reach", "geometric_mean",
            "lab_sweeps", "provenance", "models", "encoder_table", "decoder_table", "extension_lab_table",
            "extension_smol_table", "smol_passkey", "streaming_lab_table", "streaming_smol_table", "grid_table",
            "kernel_table", "rules_of_thumb"]
@@ -499,8 +500,34 @@ def _schemes(stored: Stored) -> SimpleNamespace:
 # ------------------------------------------------------------------------------------------------
 
 
+#: Flags of the benchmark scripts that only schedule a run (wait until the machine is idle):
+#: they do not change what is measured, and :func:`provenance` leaves them out of the command.
+SCHEDULING_FLAGS = ("--max-load", "--wait-s")
+
+
+def shown_command(command: str) -> str:
+    """``command`` without the :data:`SCHEDULING_FLAGS` and their values.
+
+    Raises:
+        TypeError: ``command`` is not a string.
+    """
+    if not isinstance(command, str):
+        raise TypeError(f"command must be a string, got {type(command).__name__}")
+    words, kept = command.split(), []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in SCHEDULING_FLAGS:
+            skip = True
+        elif not any(word.startswith(flag + "=") for flag in SCHEDULING_FLAGS):
+            kept.append(word)
+    return " ".join(kept)
+
+
 def provenance(stored: Stored) -> Section:
-    """The stored results with the command that wrote each, its date, CPU and torch version.
+    """The stored results with the command that wrote each (:func:`shown_command`), its date,
+    CPU and torch version.
 
     Raises:
         TypeError: ``stored`` is not a :class:`Stored`.
@@ -512,7 +539,7 @@ def provenance(stored: Stored) -> Section:
     for name in sorted(prov):
         p = prov[name]
         cpu = p.get("cpu_model") or p["machine"]
-        lines.append(f"{name}: {p['command']} ({p['date_utc'][:10]}, {cpu}, torch {p['torch']})")
+        lines.append(f"{name}: {shown_command(p['command'])} ({p['date_utc'][:10]}, {cpu}, torch {p['torch']})")
     return Section(lines)
 
 
@@ -888,7 +915,7 @@ def streaming_lab_table(stored: Stored) -> Section:
 
 def _smol_trainfree(stored: Stored) -> SimpleNamespace:
     """Chapter 11's training-free methods on SmolLM2 beside chapter 10's plain RoPE and YaRN on
-    the same windows: ``smol_tf`` (per method, geometric means and stored seconds per pass),
+    the same windows: ``smol_tf`` (per method, geometric means),
     ``windows``, ``methods``, ``data`` and the ``checks`` that the tokens are chapter 10's."""
     def build() -> SimpleNamespace:
         sm = _smol(stored)
@@ -904,7 +931,6 @@ def _smol_trainfree(stored: Stored) -> SimpleNamespace:
         for m in ["none", "yarn"] + methods:
             src = sm.ppl if m in ("none", "yarn") else tfp
             smol_tf[m] = {k: geometric_mean([src[w, m][k] for w in wins]) for k in _HALVES}
-            smol_tf[m]["seconds"] = float(np.mean([src[w, m]["seconds"] for w in wins]))
         return SimpleNamespace(smol_tf=smol_tf, windows=wins, methods=methods, data=data, checks=checks)
     return _memo(stored, "smol_trainfree", build)
 
@@ -913,7 +939,7 @@ def streaming_smol_table(stored: Stored) -> Section:
     """The training-free methods on SmolLM2 past its native context, beside plain RoPE and YaRN.
 
     Each row: the geometric mean over the stored windows of the perplexity of each half and of
-    the last tokens, the largest position RoPE sees, and the stored seconds per pass. Checks:
+    the last tokens and the largest position RoPE sees. Checks:
     the windows are chapter 10's tokens at chapter 10's length.
 
     Raises:
@@ -929,14 +955,13 @@ def streaming_smol_table(stored: Stored) -> Section:
             cell = f"{st.data['trainfree'][m]['reach']:g}" + ("; bounded cache" if m == "sinks" else "")
         else:
             cell = f"{sm.length - 1}" + ("" if m == "none" else ", at rescaled frequencies")
-        rows.append([label, _f2(t["first_half"]), _f2(t["second_half"]), _f2(t["last"]), cell, f"{t['seconds']:.0f}",
+        rows.append([label, _f2(t["first_half"]), _f2(t["second_half"]), _f2(t["last"]), cell,
                      chapter_link(11, "*On SmolLM2-135M at twice its context*") if m in st.methods
                      else chapter_link(10, "*The experiment*")])
-        shown.append(_halves_line(label, 15, t) + f" {t['seconds']:8.0f}")
+        shown.append(_halves_line(label, 15, t))
     header = ["method", f"perplexity, tokens 0 to {sm.native - 1}", f"tokens {sm.native} to {sm.length - 1}",
-              f"last {sm.last}", "largest position RoPE sees", "stored seconds per pass", "backed by"]
-    lines = ([f"window(s) {st.windows}; the seconds per pass were stored under different loads",
-              _halves_header("method", 15, sm.last) + f" {'s/pass':>8}"] + shown)
+              f"last {sm.last}", "largest position RoPE sees", "backed by"]
+    lines = [f"window(s) {st.windows}", _halves_header("method", 15, sm.last)] + shown
     return Section(lines, {}, dict(st.checks), header, rows)
 
 
