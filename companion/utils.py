@@ -22,7 +22,8 @@ import torch
 
 from ._checks import check_file, check_path
 
-__all__ = ["seed_everything", "provenance", "numeric_config", "cpu_model", "save_result", "load_result", "save_csv", "load_csv", "peak_tensor_bytes"]
+__all__ = ["seed_everything", "provenance", "numeric_config", "cpu_model", "save_result", "load_result", "save_csv", "load_csv", "peak_tensor_bytes",
+           "SCHEDULING_FLAGS", "shown_command"]
 
 
 def seed_everything(seed: int = 0) -> torch.Generator:
@@ -329,3 +330,28 @@ def load_csv(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[st
         raise ValueError(f"{path} is not a result CSV (its first line must start with {prefix!r})")
     prov = json.loads(first[len(prefix):])
     return prov, list(csv.DictReader(io.StringIO(rest, newline="")))
+
+
+#: Flags of the benchmark scripts that only schedule a run (wait until the machine is idle):
+#: they do not change what is measured, and a page that shows a stored command leaves them out.
+SCHEDULING_FLAGS = ("--max-load", "--wait-s")
+
+
+def shown_command(command: str) -> str:
+    """``command`` without the :data:`SCHEDULING_FLAGS` and their values.
+
+    Raises:
+        TypeError: ``command`` is not a string.
+    """
+    if not isinstance(command, str):
+        raise TypeError(f"command must be a string, got {type(command).__name__}")
+    words, kept = command.split(), []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in SCHEDULING_FLAGS:
+            skip = True
+        elif not any(word.startswith(flag + "=") for flag in SCHEDULING_FLAGS):
+            kept.append(word)
+    return " ".join(kept)

@@ -10,7 +10,10 @@ Two kinds of input:
   flat, between or broken, :func:`cache_reach`, :func:`geometric_mean`, and a two-scheme sweep
   for :func:`lab_sweeps`.
 
-Every public function is also given bad input, and the error must name the argument.
+Every public function is also given bad input, and the error must name the argument. Two
+presentation rules are checked on every section: no Markdown table is wider than
+:data:`MAX_COLUMNS` columns, and no printed line repeats a row of a table (the page shows each
+table once, as Markdown); and every table a section glues is shown by the appendix.
 Equalities are exact where a value is copied or formatted to two decimals from the same
 doubles; the one tolerance (a geometric mean) is a few ulps of a float64 log-sum.
 """
@@ -18,7 +21,9 @@ doubles; the one tolerance (a geometric mean) is a few ulps of a float64 log-sum
 from __future__ import annotations
 
 import copy
+import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +31,17 @@ import pytest
 
 from companion.lab import guide
 from companion.lab.schemes import scheme_label
+from companion.utils import SCHEDULING_FLAGS, shown_command
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "chapters" / "data"
+APPENDIX = REPO / "book" / "appendix_b_choosing.ipynb"
+#: The widest table the book shows, counting the label column (a wider one is split or plotted).
+MAX_COLUMNS = 7
+#: Every function that returns a Section, in the appendix's order.
+SECTIONS = [guide.provenance, guide.models, guide.encoder_table, guide.decoder_table, guide.extension_lab_table,
+            guide.extension_smol_table, guide.smol_passkey, guide.streaming_lab_table, guide.streaming_smol_table,
+            guide.grid_table, guide.kernel_table, guide.rules_of_thumb]
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +66,9 @@ def _raw_tail(stored: guide.Stored, scheme: str) -> np.ndarray:
     raise KeyError(scheme)
 
 
-def _row(section: guide.Section, label: str) -> list[str]:
-    rows = [r for r in section.rows if r[0] == label]
-    assert len(rows) == 1, (label, [r[0] for r in section.rows])
+def _row(table: guide.Table, label: str) -> list[str]:
+    rows = [r for r in table.rows if r[0] == label]
+    assert len(rows) == 1, (label, [r[0] for r in table.rows])
     return rows[0]
 
 
@@ -90,11 +103,7 @@ def test_stored_lookups_name_the_argument(stored):
         stored.rows("08_sweep")
 
 
-@pytest.mark.parametrize("fn", [guide.lab_sweeps, guide.provenance, guide.models, guide.encoder_table,
-                                guide.decoder_table, guide.extension_lab_table, guide.extension_smol_table,
-                                guide.smol_passkey, guide.streaming_lab_table, guide.streaming_smol_table,
-                                guide.grid_table, guide.kernel_table, guide.rules_of_thumb],
-                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fn", [guide.lab_sweeps] + SECTIONS, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("bad", [None, "chapters/data", {"08_sweep": {}}])
 def test_every_section_wants_a_stored(fn, bad):
     with pytest.raises(TypeError, match="stored must be the Stored"):
@@ -200,11 +209,36 @@ def test_geometric_mean_bad_input(values, error, match):
 
 
 def test_section_markdown_and_failed():
-    s = guide.Section(["a line"], {"x": 1}, {"holds": True, "breaks": False}, ["a", "b"], [["1", 2], ["3", "4"]])
-    assert s.markdown() == "| a | b |\n|---|---|\n| 1 | 2 |\n| 3 | 4 |"
+    table = guide.Table(["a", "b"], [["1", 2], ["3", "4"]])
+    s = guide.Section(["a line"], {"x": 1}, {"holds": True, "breaks": False}, {"table_ab": table})
+    assert table.markdown() == "| a | b |\n|---|---|\n| 1 | 2 |\n| 3 | 4 |"
+    assert s.markdown("table_ab") == table.markdown()
     assert s.failed == ["breaks"]
-    with pytest.raises(ValueError, match="no table"):
-        guide.Section(["a line"]).markdown()
+    with pytest.raises(ValueError, match=r"name must be one of this section's tables \['table_ab'\]"):
+        s.markdown("table_a")
+    with pytest.raises(ValueError, match=r"name must be one of this section's tables \[\]"):
+        guide.Section(["a line"]).markdown("table_ab")
+
+
+@pytest.mark.parametrize("header, rows, match", [
+    ([], [], "header must name at least one column"),
+    (["a", "b"], [["1", "2"], ["3"]], r"one cell per heading \(2\); rows \[1\]"),
+    (["a"], [["1", "2"]], r"one cell per heading \(1\); rows \[0\]"),
+])
+def test_table_bad_input(header, rows, match):
+    with pytest.raises(ValueError, match=match):
+        guide.Table(header, rows)
+
+
+def test_split_keeps_the_label_column_and_every_other_column_once():
+    header, rows = ["x", "a", "b", "c"], [["r1", "1", "2", "3"], ["r2", "4", "5", "6"]]
+    parts = guide._split(header, rows, {"t_ac": [1, 3], "t_b": [2]})
+    assert list(parts) == ["t_ac", "t_b"]
+    assert parts["t_ac"] == guide.Table(["x", "a", "c"], [["r1", "1", "3"], ["r2", "4", "6"]])
+    assert parts["t_b"] == guide.Table(["x", "b"], [["r1", "2"], ["r2", "5"]])
+    for bad in ({"t": [1, 2]}, {"t": [1, 2, 3], "u": [3]}, {"t": [0, 1, 2, 3]}):
+        with pytest.raises(ValueError, match="share out the columns 1 to 3 once each"):
+            guide._split(header, rows, bad)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -309,18 +343,18 @@ def test_provenance(stored):
     ("python -m companion.lab sweep --seeds 0 1", "python -m companion.lab sweep --seeds 0 1"),
 ])
 def test_shown_command_drops_only_the_scheduling_flags(command, shown):
-    assert guide.shown_command(command) == shown
+    assert shown_command(command) == shown
 
 
 def test_provenance_shows_no_scheduling_flag(stored):
     raw = [r["provenance"]["command"] for r in stored.results.values()]
     assert any("--max-load" in c for c in raw), "the stored data no longer has a scheduled run to check"
-    assert not any(flag in line for line in guide.provenance(stored).lines for flag in guide.SCHEDULING_FLAGS)
+    assert not any(flag in line for line in guide.provenance(stored).lines for flag in SCHEDULING_FLAGS)
 
 
 def test_shown_command_bad_input():
     with pytest.raises(TypeError, match="command"):
-        guide.shown_command(["python", "x.py"])
+        shown_command(["python", "x.py"])
 
 
 def test_models(stored):
@@ -335,12 +369,13 @@ def test_models(stored):
 def test_encoder_table(stored):
     s = guide.encoder_table(stored)
     schemes = list(dict.fromkeys(r["config"]["scheme"] for r in stored.data("08_sweep")["runs"]))
-    assert len(s.rows) == len(schemes) and len(s.lines) == len(schemes) + 1
-    assert all(len(r) == len(s.header) for r in s.rows)
+    assert list(s.tables) == ["table_encoder"] and s.lines == []     # the table is shown once, as Markdown
+    t = s.tables["table_encoder"]
+    assert len(t.rows) == len(schemes)
     order = sorted(schemes, key=lambda x: _raw_tail(stored, x)[:, 0].mean())
-    assert [r[0] for r in s.rows] == [scheme_label(x) for x in order]
+    assert [r[0] for r in t.rows] == [scheme_label(x) for x in order]
     for x in schemes:
-        assert _row(s, scheme_label(x))[1] == f"{_raw_tail(stored, x)[:, 0].mean():.2f}"
+        assert _row(t, scheme_label(x))[1] == f"{_raw_tail(stored, x)[:, 0].mean():.2f}"
     assert s.checks and not s.failed
 
 
@@ -364,13 +399,22 @@ def test_decoder_table(stored):
     mult = stored.data("08_sweep")["eval_config"]["multiples"]
     schemes = [r["config"]["scheme"] for n in ("08_sweep", "11_sweep") for r in stored.data(n)["runs"]]
     schemes = list(dict.fromkeys(schemes))
-    assert sorted(r[0] for r in s.rows) == sorted(scheme_label(x) for x in schemes)
+    assert list(s.tables) == ["table_decoder_loss", "table_decoder_cost"] and s.lines == []
+    loss, cost = s.tables["table_decoder_loss"], s.tables["table_decoder_cost"]
+    assert loss.header == ["scheme"] + [f"{m}x" for m in mult] + ["verdict"]
+    assert [r[0] for r in cost.rows] == [r[0] for r in loss.rows]     # the same schemes, in the same order
+    assert sorted(r[0] for r in loss.rows) == sorted(scheme_label(x) for x in schemes)
+    evc = stored.data("08_sweep")["eval_config"]
+    far, at = evc["passkey_depths"].index(min(evc["passkey_depths"])), evc["passkey_multiples"].index(mult[-1])
     verdicts = {}
     for x in schemes:
-        row, tail = _row(s, scheme_label(x)), _raw_tail(stored, x)
+        row, tail = _row(loss, scheme_label(x)), _raw_tail(stored, x)
         assert row[1:1 + len(mult)] == [f"{v:.2f}".replace("-0.00", "0.00") for v in tail.mean(0)]
         verdicts[x] = row[1 + len(mult)]
         assert verdicts[x] == _raw_verdict(tail, mult)
+    shaw = [r["eval"]["passkey"]["gain"][at][far] for r in stored.data("08_sweep")["runs"]
+            if r["config"]["scheme"] == "shaw"]
+    assert _row(cost, "Shaw")[1] == f"{np.mean(shaw):.2f} [{min(shaw):.2f} to {max(shaw):.2f}]"
     assert {"flat", "breaks"} <= set(verdicts.values())    # the table tells them apart
     assert s.facts["flat_bits"] == "0.5" and s.facts["break_bits"] == "2"
 
@@ -388,11 +432,17 @@ def test_extension_lab_table(stored):
         return f"{np.mean(vals):.2f}"
 
     ft = max(int(r["finetune_steps"]) for r in rows)
-    yarn = _row(s, "YaRN")
-    assert yarn[1] == raw("yarn", 2.0, 0, 2 * train) and yarn[2] == raw("yarn", 2.0, ft, 2 * train)
-    none = _row(s, "no scaling")
+    assert list(s.tables) == ["table_extend_lab_as_is", "table_extend_lab_tuned"]
+    as_is, tuned = s.tables["table_extend_lab_as_is"], s.tables["table_extend_lab_tuned"]
+    assert as_is.header[1:4] == ["s = 2, as is", "s = 4, as is", "s = 8, as is"]
+    assert tuned.header[1:4] == [f"s = {f}, +{ft} steps" for f in (2, 4, 8)]
+    assert _row(as_is, "YaRN")[1] == raw("yarn", 2.0, 0, 2 * train)
+    assert _row(tuned, "YaRN")[1] == raw("yarn", 2.0, ft, 2 * train)
+    none = _row(as_is, "no scaling")
     assert none[1] == raw("none", 1.0, 0, 2 * train)    # the unscaled model is stored once, at factor 1
-    assert none[3] == raw("none", 1.0, 0, 4 * train)
+    assert none[2] == raw("none", 1.0, 0, 4 * train)
+    assert none[4] == raw("none", 1.0, 0, train)        # at L, as is
+    assert _row(tuned, "Dynamic NTK")[-2] == "no counterpart"
     assert s.checks and not s.failed
     assert s.lines[-1].startswith(f"the unscaled model at L: {raw('none', 1.0, 0, train)} here")
 
@@ -410,11 +460,15 @@ def test_extension_smol_table(stored):
     s = guide.extension_smol_table(stored)
     rows, side = stored.rows("10_ppl"), stored.data("10_ppl")
     n, native = side["length"], int(side["length"] / side["factor"])
+    assert list(s.tables) == ["table_extend_smol_ppl", "table_extend_smol_tools"]
+    ppl, tools = s.tables["table_extend_smol_ppl"], s.tables["table_extend_smol_tools"]
     for method, label in (("none", "plain RoPE"), ("yarn", "YaRN")):
-        row = _row(s, label)
+        row = _row(ppl, label)
         assert row[1] == f"{_raw_ppl(rows, method, 0, native):.2f}"
         assert row[2] == f"{_raw_ppl(rows, method, native, n):.2f}"
-    assert s.rows[-1][0] == "LongRoPE"
+    assert ppl.rows[-1][:2] == ["LongRoPE", "not run on this model"] and tools.rows[-1][:2] == ["LongRoPE", "`longrope`"]
+    assert _row(tools, "plain RoPE")[1:3] == ["`default`", "collapses there too"]
+    assert s.lines[0] == f"{len({r['window'] for r in rows})} windows of {n} tokens; native context {native}; factor 2"
     assert s.facts["smol_native"] == f"{native:,}"
 
 
@@ -436,12 +490,15 @@ def test_smol_passkey_without_trials(stored, tmp_path):
 
 def test_streaming_lab_table(stored):
     s = guide.streaming_lab_table(stored)
-    dec = guide.decoder_table(stored)
-    assert _row(s, "plain RoPE")[1:6] == _row(dec, "RoPE")[1:6]
-    assert _row(s, "ALiBi, trained from scratch")[1:6] == _row(dec, "ALiBi")[1:6]
+    assert list(s.tables) == ["table_stream_lab_loss", "table_stream_lab_memory"] and s.lines == []
+    loss, memory = s.tables["table_stream_lab_loss"], s.tables["table_stream_lab_memory"]
+    dec = guide.decoder_table(stored).tables["table_decoder_loss"]
+    assert _row(loss, "plain RoPE")[1:] == _row(dec, "RoPE")[1:6]
+    assert _row(loss, "ALiBi, trained from scratch")[1:] == _row(dec, "ALiBi")[1:6]
     runs = stored.data("11_trainfree_lab")["runs"]
     sinks = runs[0]["methods"]["sinks"]["settings"][str(guide.lab_sweeps(stored).lengths[-1])]
-    assert _row(s, "sinks + window")[6].startswith(f"{sinks['n_sink'] + sinks['window'] + sinks['chunk'] - 1}; ")
+    assert _row(memory, "sinks + window")[1].startswith(
+        f"{sinks['n_sink'] + sinks['window'] + sinks['chunk'] - 1}; ")
     assert s.checks and not s.failed
 
 
@@ -455,7 +512,8 @@ def test_streaming_smol_table(stored):
     s = guide.streaming_smol_table(stored)
     rows = stored.rows("11_trainfree_ppl")
     n = stored.data("11_trainfree_ppl")["length"]
-    assert _row(s, "ReRoPE")[2] == f"{_raw_ppl(rows, 'rerope', n // 2, n):.2f}"
+    assert list(s.tables) == ["table_stream_smol"]
+    assert _row(s.tables["table_stream_smol"], "ReRoPE")[2] == f"{_raw_ppl(rows, 'rerope', n // 2, n):.2f}"
     assert not s.failed
     moved = _copy(stored)
     moved.data("11_trainfree_ppl")["windows"][0]["ids_sha256"] = "0" * 64
@@ -466,14 +524,19 @@ def test_grid_table(stored):
     s = guide.grid_table(stored)
     summ = stored.data("12_grid")["summary"]
     by = summ["axial"]["by_grid"]["12"]
-    assert _row(s, "axial RoPE")[2] == f"{by['mean']:.2f} [{by['min']:.2f} to {by['max']:.2f}]"
-    assert _row(s, "NoPE")[-5:-3] == ["-", "-"]
-    assert s.rows[-1][0] == "M-RoPE (Qwen2-VL)" and not s.failed
+    assert list(s.tables) == ["table_grid_accuracy", "table_grid_diagnostics"]
+    acc, diag = s.tables["table_grid_accuracy"], s.tables["table_grid_diagnostics"]
+    assert _row(acc, "axial RoPE")[2] == f"{by['mean']:.2f} [{by['min']:.2f} to {by['max']:.2f}]"
+    assert _row(diag, "axial RoPE")[1] == f"{summ['axial']['shifted']['24']['mean']:.2f}"
+    assert _row(diag, "NoPE")[1:3] == ["-", "-"]
+    for t in (acc, diag):    # M-RoPE last, and said to be absent in both tables
+        assert t.rows[-1][:2] == ["M-RoPE (Qwen2-VL)", "not in the experiment"]
+    assert not s.failed
 
 
 def test_kernel_table(stored, tmp_path):
     s = guide.kernel_table(stored)
-    names = [n for r in s.rows for n in r[0].split(", ")]
+    names = [n for r in s.tables["table_kernels"].rows for n in r[0].split(", ")]
     lab = guide.lab_sweeps(stored)
     assert sorted(names) == sorted(scheme_label(x) for x in lab.schemes)      # each scheme in one family
     assert s.lines[-1] == "07_gpu_benchmarks.json is absent: no GPU timing is stored for this build"
@@ -481,7 +544,59 @@ def test_kernel_table(stored, tmp_path):
     (tmp_path / "07_gpu_benchmarks.json").write_text("{}")
     with_gpu = guide.kernel_table(_copy(stored, tmp_path))
     assert with_gpu.lines[-1] == "07_gpu_benchmarks.json is present: GPU timings are stored"
-    assert all(r[5] == "stored" for r in with_gpu.rows)
+    assert all(r[5] == "stored" for r in with_gpu.tables["table_kernels"].rows)
+
+
+# ------------------------------------------------------------------------------------------------
+# presentation: every section's tables and printed lines, and the appendix that shows them
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sections(stored):
+    return {fn.__name__: fn(stored) for fn in SECTIONS}
+
+
+def _columns(markdown: str) -> int:
+    """The columns of a Markdown table, counted on its rule line (one ``---|`` per column)."""
+    return markdown.split("\n")[1].count("---|")
+
+
+def _copies(section: guide.Section) -> list[str]:
+    """The printed lines that repeat a row of one of the section's tables: a line holding the
+    row's label and another of its cells (backticks dropped; one-character cells ignored)."""
+    found = []
+    for table in section.tables.values():
+        for row in table.rows:
+            cells = [c for c in (str(c).strip("`") for c in row[1:]) if len(c) > 1]
+            found += [line for line in section.lines if row[0] in line and any(c in line for c in cells)]
+    return found
+
+
+def test_no_table_is_wider_than_the_page_allows(sections):
+    assert _columns(guide.Table(list("abcdefgh")).markdown()) == 8     # the count itself
+    widths = {name: _columns(s.markdown(name)) for s in sections.values() for name in s.tables}
+    assert len(widths) == 13
+    assert {name: w for name, w in widths.items() if w > MAX_COLUMNS} == {}
+
+
+def test_printed_lines_do_not_repeat_a_table(sections):
+    table = guide.Table(["scheme", "1x", "path"], [["RoPE", "1.89", "`sdpa-causal`"]])
+    text_copy = guide.Section(["scheme 1x path", "RoPE 1.89 sdpa-causal", "a note on RoPE"], tables={"t": table})
+    assert _copies(text_copy) == ["RoPE 1.89 sdpa-causal"]                # the check finds a copied row
+    with_tables = [name for name, s in sections.items() if s.tables]
+    assert len(with_tables) == 8
+    assert {name: _copies(sections[name]) for name in with_tables} == {name: [] for name in with_tables}
+
+
+def test_the_appendix_shows_every_table_and_quotes_only_glued_facts(sections):
+    cells = json.loads(APPENDIX.read_text(encoding="utf-8"))["cells"]
+    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    shown = re.findall(r"```\{glue:md\}\s+(\S+)", text)
+    assert shown == [name for s in sections.values() for name in s.tables]     # each once, in the page's order
+    quoted = set(re.findall(r"\{glue:text\}`([^`]+)`", text))
+    facts = {name for s in sections.values() for name in s.facts}
+    assert quoted and quoted - facts == set()
 
 
 def test_rules_of_thumb_hold_on_the_stored_data(stored):

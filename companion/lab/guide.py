@@ -3,9 +3,11 @@
 The appendix puts the chapters' measurements side by side, one table per use case, and ends with
 rules of thumb checked on the stored data. This module computes all of it from the files in
 ``chapters/data/`` (:func:`load_stored`); nothing is trained or timed again. Each function of a
-section returns a :class:`Section`: the rows of its Markdown table, the lines the page prints
-under it, the numbers its prose quotes (by their glue name) and the named checks the page
-asserts (a check that fails says the stored files disagree with one another or with a claim).
+section returns a :class:`Section`: its Markdown tables (each a :class:`Table` of at most seven
+columns, a wider one split in two that both keep the label column), the lines the page prints
+that no table holds, the numbers its prose quotes (by their glue name) and the named checks the
+page asserts (a check that fails says the stored files disagree with one another or with a
+claim).
 
 The sections, in the appendix's order: :func:`provenance`, :func:`models`,
 :func:`encoder_table` (a fixed-length encoder), :func:`decoder_table` (a decoder trained from
@@ -40,7 +42,7 @@ from ..longctx import method_config as smol_method_config
 from ..longctx import summarize
 from ..scaling import llama_cpp_rope_args
 from ..trainfree import ReRoPE, SelfExtend, max_relative_position
-from ..utils import load_csv, load_result
+from ..utils import load_csv, load_result, shown_command
 from . import grid_task
 from .evaluate import TAIL
 from .extend import METHOD_LABELS, method_config
@@ -48,7 +50,7 @@ from .results import Extension, Sweep
 from .schemes import build_scheme, scheme_label
 
 __all__ = ["STORED_JSON", "STORED_CSV", "CHAPTER_PAGES", "FLAT_BITS", "BREAK_BITS", "TRAINFREE_LABELS",
-           "SCHEDULING_FLAGS", "Stored", "Section", "LabSweeps", "load_stored", "shown_command", "chapter_link",
+           "Stored", "Table", "Section", "LabSweeps", "load_stored", "chapter_link",
            "verdict", "cache_reach", "geometric_mean",
            "lab_sweeps", "provenance", "models", "encoder_table", "decoder_table", "extension_lab_table",
            "extension_smol_table", "smol_passkey", "streaming_lab_table", "streaming_smol_table", "grid_table",
@@ -135,40 +137,76 @@ class Stored:
 
 
 @dataclass(frozen=True)
+class Table:
+    """One Markdown table of a section.
+
+    Attributes:
+        header: the column headings, the label column first.
+        rows: the rows, one cell per heading.
+
+    Raises:
+        ValueError: the header is empty, or a row has not one cell per heading.
+    """
+
+    header: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.header:
+            raise ValueError("header must name at least one column, got none")
+        bad = [i for i, row in enumerate(self.rows) if len(row) != len(self.header)]
+        if bad:
+            raise ValueError(f"every row must have one cell per heading ({len(self.header)}); rows {bad} do not")
+
+    def markdown(self) -> str:
+        """The table as Markdown: the header, a rule, then one line per row."""
+        lines = ["| " + " | ".join(self.header) + " |", "|" + "---|" * len(self.header)]
+        lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in self.rows]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
 class Section:
     """What one section of the guide shows.
 
     Attributes:
-        lines: the lines printed under the cell, in order (each a row of a text table or a
-            sentence; the page wraps the long ones).
+        lines: the lines printed under the cell, in order: sentences that no table holds (the
+            page wraps the long ones), never a copy of a table.
         facts: the values its prose quotes, by glue name.
         checks: the claims the page asserts, by name: ``True`` where the stored data bear it out.
-        header: the header of its Markdown table (empty when the section has no table).
-        rows: the rows of that table, one string per column.
+        tables: its Markdown tables, in the page's order, by the glue name the page shows each
+            under (empty when the section has no table).
     """
 
     lines: list[str] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
     checks: dict[str, bool] = field(default_factory=dict)
-    header: list[str] = field(default_factory=list)
-    rows: list[list[str]] = field(default_factory=list)
+    tables: dict[str, Table] = field(default_factory=dict)
 
     @property
     def failed(self) -> list[str]:
         """The names of the checks that do not hold (empty when all hold)."""
         return [name for name, ok in self.checks.items() if not ok]
 
-    def markdown(self) -> str:
-        """The table as Markdown: the header, a rule, then one line per row.
+    def markdown(self, name: str) -> str:
+        """The table ``name`` as Markdown (:meth:`Table.markdown`).
 
         Raises:
-            ValueError: the section has no table (no header).
+            ValueError: the section has no table of that name.
         """
-        if not self.header:
-            raise ValueError("this section has no table: its header is empty")
-        lines = ["| " + " | ".join(self.header) + " |", "|" + "---|" * len(self.header)]
-        lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in self.rows]
-        return "\n".join(lines)
+        if name not in self.tables:
+            raise ValueError(f"name must be one of this section's tables {list(self.tables)}, got {name!r}")
+        return self.tables[name].markdown()
+
+
+def _split(header: list[str], rows: list[list[str]], parts: Mapping[str, Sequence[int]]) -> dict[str, Table]:
+    """One wide table as several, by glue name: each part keeps the label column (column 0) and
+    the columns listed for it, in that order; every other column goes to exactly one part."""
+    used = sorted(i for cols in parts.values() for i in cols)
+    if used != list(range(1, len(header))):
+        raise ValueError(f"the parts must share out the columns 1 to {len(header) - 1} once each, got {used}")
+    return {name: Table([header[0]] + [header[i] for i in cols], [[row[0]] + [row[i] for i in cols] for row in rows])
+            for name, cols in parts.items()}
 
 
 def load_stored(data_dir: str | Path) -> Stored:
@@ -500,33 +538,9 @@ def _schemes(stored: Stored) -> SimpleNamespace:
 # ------------------------------------------------------------------------------------------------
 
 
-#: Flags of the benchmark scripts that only schedule a run (wait until the machine is idle):
-#: they do not change what is measured, and :func:`provenance` leaves them out of the command.
-SCHEDULING_FLAGS = ("--max-load", "--wait-s")
-
-
-def shown_command(command: str) -> str:
-    """``command`` without the :data:`SCHEDULING_FLAGS` and their values.
-
-    Raises:
-        TypeError: ``command`` is not a string.
-    """
-    if not isinstance(command, str):
-        raise TypeError(f"command must be a string, got {type(command).__name__}")
-    words, kept = command.split(), []
-    skip = False
-    for word in words:
-        if skip:
-            skip = False
-        elif word in SCHEDULING_FLAGS:
-            skip = True
-        elif not any(word.startswith(flag + "=") for flag in SCHEDULING_FLAGS):
-            kept.append(word)
-    return " ".join(kept)
-
-
 def provenance(stored: Stored) -> Section:
-    """The stored results with the command that wrote each (:func:`shown_command`), its date,
+    """The stored results with the command that wrote each
+    (:func:`companion.utils.shown_command`), its date,
     CPU and torch version.
 
     Raises:
@@ -584,10 +598,11 @@ _CHECKPOINTS = {
 def encoder_table(stored: Stored) -> Section:
     """A short fixed-length encoder: chapter 8's schemes at their training length, with costs.
 
-    Each row: the loss at the training length (mean over seeds), the parameters the scheme adds
-    to the lab model, its training speed against NoPE and attention path (the lab's CPU
-    benchmark), chapter 4's per-layer cost for the relative schemes, and what checkpoints load.
-    Sorted by the loss. The check: each scheme was benchmarked on the path the dispatcher names.
+    One table, ``table_encoder``; each row: the loss at the training length (mean over seeds),
+    the parameters the scheme adds to the lab model, its training speed against NoPE and
+    attention path (the lab's CPU benchmark), chapter 4's per-layer cost for the relative
+    schemes, and what checkpoints load. Sorted by the loss. Nothing is printed. The check: each
+    scheme was benchmarked on the path the dispatcher names.
 
     Raises:
         TypeError: ``stored`` is not a :class:`Stored`.
@@ -602,7 +617,7 @@ def encoder_table(stored: Stored) -> Section:
         raise ValueError(f"no checkpoints entry for the schemes {unknown}; the guide knows {list(_CHECKPOINTS)}")
     checks = {f"{s} benchmarked on the dispatcher's path": bench.speed(s)["path"] == path[s] for s in lab.schemes8}
     params_nope = lab.runs["nope", seed0]["parameters"]
-    rows, shown = [], []
+    rows = []
     for s in sorted(lab.schemes8, key=lambda s: lab.mean[s][i1]):
         b = bench.speed(s)
         extra = lab.runs[s, seed0]["parameters"] - params_nope
@@ -618,24 +633,22 @@ def encoder_table(stored: Stored) -> Section:
         mean1 = _f2(lab.mean[s][i1])
         rows.append([scheme_label(s), mean1, f"{extra:,}", f"{b['ratio_to_nope']:.2f}x (`{b['path']}`)", layer,
                      _CHECKPOINTS[s], backed])
-        shown.append(f"{scheme_label(s):>15} {mean1:>5} {extra:>8,} {b['ratio_to_nope']:6.2f} {b['path']:>12}  "
-                     + ("as NoPE" if s in ("learned", "sinusoidal") else layer))
     header = ["option", f"loss at the training length (bits/byte, L = {lab.train_len})",
               "extra parameters (lab model)", f"training tokens/s vs NoPE (L = {bench.seq_len}), path",
               f"one attention layer vs NoPE (L = {bench.seq_len})", "checkpoints", "backed by"]
-    lines = [f"{'scheme':>15} {'1x':>5} {'params':>8} {'speed':>6} {'path':>12}  attention layer"] + shown
     facts = {"enc_learned_rows": f"{lab.runs['learned', seed0]['config']['max_len']:,}",
              "bench_len": bench.seq_len}
-    return Section(lines, facts, checks, header, rows)
+    return Section([], facts, checks, {"table_encoder": Table(header, rows)})
 
 
 def decoder_table(stored: Stored) -> Section:
     """A long-context decoder trained from scratch: chapters 8 and 11's schemes at every length.
 
-    Each row: the mean loss at each multiple of the training length, chapter 8's
-    :func:`verdict`, the passkey gain of the key farthest back at the longest length (mean and
-    range over seeds), the training speed against NoPE (chapter 8's schemes) and the attention
-    path. Sorted by the loss at the longest length.
+    Two tables, the same rows in the same order (sorted by the loss at the longest length):
+    ``table_decoder_loss``, the mean loss at each multiple of the training length and chapter
+    8's :func:`verdict`; ``table_decoder_cost``, the passkey gain of the key farthest back at
+    the longest length (mean and range over seeds), the training speed against NoPE (chapter
+    8's schemes), the attention path and the chapter that backs the row. Nothing is printed.
 
     Raises:
         TypeError: ``stored`` is not a :class:`Stored`.
@@ -644,7 +657,7 @@ def decoder_table(stored: Stored) -> Section:
     lab = lab_sweeps(_check_stored(stored))
     bench, path = _bench(stored), _schemes(stored).path
     mult, last = lab.multiples, lab.i_last
-    rows, shown = [], []
+    rows = []
     for s in sorted(lab.tail, key=lambda s: lab.mean[s][last]):
         b = bench.speed(s) if s in lab.schemes8 and bench.measured(s) else None
         cost = f"{b['ratio_to_nope']:.2f}x" if b else "not measured"
@@ -653,17 +666,15 @@ def decoder_table(stored: Stored) -> Section:
         v = verdict(lab.tail[s], mult)
         rows.append([scheme_label(s)] + [_f2(x) for x in lab.mean[s]]
                     + [v, _span(lab.far_passkey[s]), cost, f"`{path[s]}`", where])
-        shown.append(f"{scheme_label(s):>18} " + " ".join(f"{_f2(x):>5}" for x in lab.mean[s])
-                     + f" {v:>8} {_f2(lab.far_passkey[s].mean()):>6} {cost:>12}")
     header = (["scheme"] + [f"{m}x" for m in mult]
               + ["verdict", f"passkey gain, farthest key at {mult[-1]}x (bits/digit), mean [range]",
                  f"training tokens/s vs NoPE (L = {bench.seq_len})", "path", "backed by"])
-    lines = [f"{'bits per byte':>18} " + " ".join(f"{str(m) + 'x':>5}" for m in mult)
-             + f" {'verdict':>8} {'key':>6} {'speed':>12}"] + shown
+    n = len(mult) + 2   # the label, the losses and the verdict
+    tables = _split(header, rows, {"table_decoder_loss": range(1, n), "table_decoder_cost": range(n, len(header))})
     facts = {"flat_bits": f"{FLAT_BITS:g}", "t5_speed": f"{bench.speed('t5')['ratio_to_nope']:.2f}",
              "ref_speed": f"{max(bench.speed(s)['ratio_to_nope'] for s in ('shaw', 'xl')):.2f}",
              "break_bits": f"{BREAK_BITS:g}"}
-    return Section(lines, facts, {}, header, rows)
+    return Section([], facts, {}, tables)
 
 
 def _extension(stored: Stored) -> SimpleNamespace:
@@ -700,10 +711,13 @@ def _llama_cpp_note(conf: dict[str, Any], head_dim: int, native: int) -> str:
 def extension_lab_table(stored: Stored) -> Section:
     """Extending the lab's RoPE model: chapter 9's methods at each factor, as is and fine-tuned.
 
-    Each row: tail bits per byte at ``s`` times the training length for each factor ``s``, as
-    is and after the longest fine-tune; at the training length when set up for the middle
-    factor; the config's ``rope_type`` and what llama.cpp makes of it. Checks: chapter 9's seeds
-    are chapter 8's, and its command took the default number of validation bytes.
+    Two tables, one row per method: ``table_extend_lab_as_is``, tail bits per byte at ``s``
+    times the training length for each factor ``s`` as is, and at the training length when set
+    up for the middle factor; ``table_extend_lab_tuned``, the same after the longest fine-tune,
+    the config's ``rope_type``, what llama.cpp makes of it and the chapter that backs the row.
+    The lines say what the numbers are and compare the unscaled model with chapter 8's. Checks:
+    chapter 9's seeds are chapter 8's, and its command took the default number of validation
+    bytes.
 
     Raises:
         TypeError: ``stored`` is not a :class:`Stored`.
@@ -716,7 +730,7 @@ def extension_lab_table(stored: Stored) -> Section:
     checks = {"chapter 9's seeds are chapter 8's": x.seeds == lab.seeds,
               "chapter 9's run took the default validation bytes": "--tokens" not in command}
     n_eval = sorted({r["evaluations"] for r in stored.data("09_extension")["searches"]})
-    rows, shown = [], []
+    rows = []
     for m in x.methods:
         conf = method_config(m, s_mid, length, x.head_dim)
         note = f"; a search of {n_eval[0]} evaluations per model and factor" if m == "longrope" else ""
@@ -727,18 +741,18 @@ def extension_lab_table(stored: Stored) -> Section:
         rows.append([METHOD_LABELS[m]] + cells + [at_l, f"`{conf['rope_type']}`",
                      _llama_cpp_note(conf, x.head_dim, length) + note,
                      chapter_link(9, "*Measuring them* (table and figure)")])
-        shown.append(f"{METHOD_LABELS[m]:>21} " + " ".join(f"{c:>5}" for c in cells) + f" {at_l:>6}")
     header = (["method"] + [f"s = {s:g}, {h}" for s in x.factors for h in ("as is", f"+{ft} steps")]
               + [f"at L = {length}, set up for s = {s_mid:g}", "config", "llama.cpp", "backed by"])
+    n = 2 * len(x.factors)   # the columns of the losses at s L, as is and fine-tuned in turn
+    tables = _split(header, rows, {"table_extend_lab_as_is": [*range(1, n + 1, 2), n + 1],
+                                   "table_extend_lab_tuned": [*range(2, n + 1, 2), *range(n + 2, len(header))]})
     sweep_tokens = lab.eval_config["tokens"]
-    lines = ([f"bits per byte at s x {length} (as is, then after {ft} steps), and at {length}",
-              f"{'':>21} " + " ".join(f"{'s = ' + format(s, 'g'):>11}" for s in x.factors) + f" {'at L':>6}"]
-             + shown
-             + [f"the unscaled model at L: {_f2(x.get('none', 1.0, 0, length=length).mean())} here, on "
-                f"{_EXTENSION_TOKENS:,} validation bytes per length; {_f2(lab.mean['rope'][lab.i1])} in chapter 8, "
-                f"on {sweep_tokens:,}"])
+    lines = [f"bits per byte at s x {length} (as is, then after {ft} steps), and at {length}",
+             f"the unscaled model at L: {_f2(x.get('none', 1.0, 0, length=length).mean())} here, on "
+             f"{_EXTENSION_TOKENS:,} validation bytes per length; {_f2(lab.mean['rope'][lab.i1])} in chapter 8, "
+             f"on {sweep_tokens:,}"]
     facts = {"ext_tokens": f"{_EXTENSION_TOKENS:,}", "sweep_tokens": f"{sweep_tokens:,}"}
-    return Section(lines, facts, checks, header, rows)
+    return Section(lines, facts, checks, tables)
 
 
 def _smol(stored: Stored) -> SimpleNamespace:
@@ -767,27 +781,21 @@ def _smol(stored: Stored) -> SimpleNamespace:
     return _memo(stored, "smol", build)
 
 
-def _halves_line(label: str, width: int, t: Mapping[str, float]) -> str:
-    return f"{label:>{width}} {_f2(t['first_half']):>9} {_f2(t['second_half']):>9} {_f2(t['last']):>10}"
-
-
-def _halves_header(first: str, width: int, last: int) -> str:
-    return f"{first:>{width}} {'1st half':>9} {'2nd half':>9} {'last ' + str(last):>10}"
-
-
 def extension_smol_table(stored: Stored) -> Section:
     """Extending SmolLM2 past its native context (chapter 10): perplexity by half, per method.
 
-    Each row: the geometric mean over the stored windows of the perplexity of the native half,
-    the extension half and the last tokens, their ratio, the config, and whether llama.cpp
-    agrees; then the stored inference speeds of plain RoPE and YaRN.
+    Two tables, one row per method: ``table_extend_smol_ppl``, the geometric mean over the
+    stored windows of the perplexity of the native half, the extension half and the last
+    tokens, and their ratio; ``table_extend_smol_tools``, the config, whether llama.cpp agrees
+    and the chapter that backs the row. The lines give the windows and the stored inference
+    speeds of plain RoPE and YaRN.
 
     Raises:
         TypeError: ``stored`` is not a :class:`Stored`.
         ValueError: as :func:`companion.longctx.summarize`.
     """
     sm = _smol(_check_stored(stored))
-    rows, shown = [], []
+    rows = []
     for m in sm.methods:
         t = sm.smol[m]
         conf = smol_method_config(m, sm.side["factor"], sm.native, sm.base)
@@ -801,20 +809,21 @@ def extension_smol_table(stored: Stored) -> Section:
         rows.append([sm.labels[m], _f2(t["first_half"]), _f2(t["second_half"]), _f2(t["last"]), ratio,
                      f"`{conf['rope_type']}`" if conf else "`default`", check,
                      chapter_link(10, "*The experiment* (table and figure) and *The 16K results in llama.cpp*")])
-        shown.append(_halves_line(sm.labels[m], 12, t) + f" {ratio:>7}")
     rows.append(["LongRoPE", "not run on this model", "", "", "", "`longrope`", "", chapter_link(10)])
     header = ["method", f"perplexity, tokens 0 to {sm.native - 1}", f"tokens {sm.native} to {sm.length - 1}",
               f"last {sm.last}", "second half / first", "config", "llama.cpp", "backed by"]
     bench = {r["tokens"]: r["runs"] for r in stored.data("llama_cpu")["results"]}
+    tables = _split(header, rows, {"table_extend_smol_ppl": range(1, 5),
+                                   "table_extend_smol_tools": range(5, len(header))})
     lines = ([f"{len(sm.windows)} windows of {sm.length} tokens; native context {sm.native}; factor "
-              f"{sm.side['factor']:g}", _halves_header("method", 12, sm.last) + f" {'ratio':>7}"] + shown
+              f"{sm.side['factor']:g}"]
              + [f"stored speed at {n} tokens: plain RoPE {r['default']['tokens_per_second']:.0f} tokens/s, "
                 f"YaRN {r['yarn-2']['tokens_per_second']:.0f} tokens/s" for n, r in sorted(bench.items())])
     yarn_not_slower = all(r["yarn-2"]["seconds"] <= r["default"]["seconds"] for r in bench.values())
     facts = {"yarn_speed": "was not the slower one at either length" if yarn_not_slower
              else "was the slower one at some length",
              "smol_native": f"{sm.native:,}", "smol_len": f"{sm.length:,}"}
-    return Section(lines, facts, {}, header, rows)
+    return Section(lines, facts, {}, tables)
 
 
 def smol_passkey(stored: Stored) -> Section:
@@ -861,8 +870,10 @@ def streaming_lab_table(stored: Stored) -> Section:
     """Streaming on the lab's RoPE model: chapter 11's training-free methods beside plain RoPE
     and ALiBi trained from scratch.
 
-    Each row: the mean tail bits per byte at each length, the largest distance RoPE sees at the
-    longest length and what the method keeps in memory. Checks: its plain RoPE is chapter 8's
+    Two tables, one row per method: ``table_stream_lab_loss``, the mean tail bits per byte at
+    each length; ``table_stream_lab_memory``, the largest distance RoPE sees at the longest
+    length and what the method keeps in memory, what it needs of a checkpoint and the chapter
+    that backs the row. Nothing is printed. Checks: its plain RoPE is chapter 8's
     model (within 1e-3 bits), every seed ran with the same settings, and every method keeps RoPE
     inside the trained range (a sink cache's reach by :func:`cache_reach`, checked against the
     reach chapter 11 stored for SmolLM2).
@@ -896,21 +907,21 @@ def streaming_lab_table(stored: Stored) -> Section:
         checks[f"{n}: inside the trained range"] = far < lab.train_len
         return f"{far:g}; every key is read"
 
-    rows, shown = [], []
+    rows = []
     for n, label in [("plain", "plain RoPE")] + list(TRAINFREE_LABELS.items()):
         arr = lab.tail["rope"] if n == "plain" else t.tf[n]
         cell = f"{w_last - 1}; every key is read" if n == "plain" else memory_cell(n)
         rows.append([label] + [_f2(v) for v in arr.mean(0)]
                     + [cell, "any RoPE checkpoint, no training", chapter_link(11, "*On the lab model*")])
-        shown.append(f"{label:>22} " + " ".join(f"{_f2(v):>5}" for v in arr.mean(0)))
     rows.append(["ALiBi, trained from scratch"] + [_f2(v) for v in lab.mean["alibi"]]
                 + ["no rotation; every key is read", "needs a model trained with it",
                    chapter_link(8, "*The result*")])
-    shown.append(f"{'ALiBi (trained)':>22} " + " ".join(f"{_f2(v):>5}" for v in lab.mean["alibi"]))
     header = (["method"] + [f"{m}x" for m in lab.multiples]
               + [f"largest distance RoPE sees at {w_last}; memory", "checkpoints", "backed by"])
-    lines = [f"{'bits per byte':>22} " + " ".join(f"{str(m) + 'x':>5}" for m in lab.multiples)] + shown
-    return Section(lines, {}, checks, header, rows)
+    n = len(lab.multiples) + 1   # the label and the losses
+    tables = _split(header, rows, {"table_stream_lab_loss": range(1, n),
+                                   "table_stream_lab_memory": range(n, len(header))})
+    return Section([], {}, checks, tables)
 
 
 def _smol_trainfree(stored: Stored) -> SimpleNamespace:
@@ -938,9 +949,9 @@ def _smol_trainfree(stored: Stored) -> SimpleNamespace:
 def streaming_smol_table(stored: Stored) -> Section:
     """The training-free methods on SmolLM2 past its native context, beside plain RoPE and YaRN.
 
-    Each row: the geometric mean over the stored windows of the perplexity of each half and of
-    the last tokens and the largest position RoPE sees. Checks:
-    the windows are chapter 10's tokens at chapter 10's length.
+    One table, ``table_stream_smol``; each row: the geometric mean over the stored windows of
+    the perplexity of each half and of the last tokens and the largest position RoPE sees. The
+    line names the windows. Checks: the windows are chapter 10's tokens at chapter 10's length.
 
     Raises:
         TypeError: ``stored`` is not a :class:`Stored`.
@@ -948,7 +959,7 @@ def streaming_smol_table(stored: Stored) -> Section:
     """
     sm = _smol(_check_stored(stored))
     st = _smol_trainfree(stored)
-    rows, shown = [], []
+    rows = []
     for m, t in st.smol_tf.items():
         label = sm.labels.get(m) or TRAINFREE_LABELS[m]
         if m in st.methods:
@@ -958,11 +969,9 @@ def streaming_smol_table(stored: Stored) -> Section:
         rows.append([label, _f2(t["first_half"]), _f2(t["second_half"]), _f2(t["last"]), cell,
                      chapter_link(11, "*On SmolLM2-135M at twice its context*") if m in st.methods
                      else chapter_link(10, "*The experiment*")])
-        shown.append(_halves_line(label, 15, t))
     header = ["method", f"perplexity, tokens 0 to {sm.native - 1}", f"tokens {sm.native} to {sm.length - 1}",
               f"last {sm.last}", "largest position RoPE sees", "backed by"]
-    lines = [f"window(s) {st.windows}", _halves_header("method", 15, sm.last)] + shown
-    return Section(lines, {}, dict(st.checks), header, rows)
+    return Section([f"window(s) {st.windows}"], {}, dict(st.checks), {"table_stream_smol": Table(header, rows)})
 
 
 #: The grid schemes of chapter 12, with their labels.
@@ -990,10 +999,12 @@ def _grid(stored: Stored) -> SimpleNamespace:
 def grid_table(stored: Stored) -> Section:
     """Vision and 2-D inputs: chapter 12's grid encoders, trained on one grid, tested on larger.
 
-    Each row: the accuracy at each grid size (mean and range over seeds), the two diagnostics
-    at the largest grid (the training grid shifted, attention windowed), the attention path and
-    what checkpoints load; then M-RoPE, which the experiment did not run. The check: the first
-    grid is the training grid.
+    Two tables, one row per scheme and then M-RoPE, which the experiment did not run:
+    ``table_grid_accuracy``, the accuracy at each grid size (mean and range over seeds);
+    ``table_grid_diagnostics``, the two diagnostics at the largest grid (the training grid
+    shifted, attention windowed), the attention path, what checkpoints load and the chapter
+    that backs the row. The line gives the task's protocol. The check: the first grid is the
+    training grid.
 
     Raises:
         TypeError: ``stored`` is not a :class:`Stored`.
@@ -1004,7 +1015,7 @@ def grid_table(stored: Stored) -> Section:
     n_heads = settings["n_heads"]
     q = torch.zeros(1, n_heads, int(g.train) ** 2, settings["d_model"] // n_heads)
     gpos = grid_positions((int(g.train), int(g.train)))
-    rows, shown = [], []
+    rows = []
     for n, label in _GRID_LABELS.items():
         by = summ[n]["by_grid"]
         cells = [f"{_f2(by[x]['mean'])} [{_f2(by[x]['min'])} to {_f2(by[x]['max'])}]" for x in grids]
@@ -1015,20 +1026,20 @@ def grid_table(stored: Stored) -> Section:
         sh_cell, wi_cell = _f2(sh["mean"]) if sh else "-", _f2(wi["mean"]) if wi else "-"
         rows.append([label] + cells + [sh_cell, wi_cell, f"`{p}`", _GRID_CHECKPOINTS[n],
                      chapter_link(12, "*Experiment: train on one grid, test on larger ones* (table and figure)")])
-        shown.append(f"{label:>17} " + " ".join(_f2(by[x]["mean"]).rjust(6) for x in grids)
-                     + f" {sh_cell:>8} {wi_cell:>8}")
-    rows.append(["M-RoPE (Qwen2-VL)", "not in the experiment"] + [""] * (len(grids) + 2)
+    absent = ["not in the experiment"]   # said in both tables
+    rows.append(["M-RoPE (Qwen2-VL)"] + absent + [""] * (len(grids) - 1) + absent + ["", ""]
                 + ["HuggingFace's Qwen2-VL arithmetic, bit for bit in float32; text positions give back 1-D RoPE "
                    + chapter_link(12, "*HuggingFace's arithmetic*"), chapter_link(12)])
     header = (["scheme"] + [f"accuracy at G = {x}, mean [range]" for x in grids]
               + [f"training grid shifted, at G = {g_last}", f"attention windowed, at G = {g_last}", "path",
                  "checkpoints", "backed by"])
     n_params = {n: sum(p.numel() for p in grid_task.build_scheme(n).parameters()) for n in ("mixed", "learned")}
+    tables = _split(header, rows, {"table_grid_accuracy": range(1, len(grids) + 1),
+                                   "table_grid_diagnostics": range(len(grids) + 1, len(header))})
     lines = [f"accuracy (both offsets right), mean of {summ['axial']['seeds']} seeds, trained at G = {g.train}; "
-             f"chance {data['runs'][0]['chance']:.3f}",
-             f"{'':>17} " + " ".join(f"{'G=' + x:>6}" for x in grids) + f" {'shifted':>8} {'window':>8}"] + shown
+             f"chance {data['runs'][0]['chance']:.3f}"]
     facts = {"mixed_params": n_params["mixed"], "learned_params": f"{n_params['learned']:,}"}
-    return Section(lines, facts, {"the first grid is the training grid": grids[0] == g.train}, header, rows)
+    return Section(lines, facts, {"the first grid is the training grid": grids[0] == g.train}, tables)
 
 
 #: What each hook gets from ``companion.kernels`` (the kernel table's column).
@@ -1054,8 +1065,9 @@ def _kernel_bench(stored: Stored) -> SimpleNamespace:
 def kernel_table(stored: Stored) -> Section:
     """Kernel availability: what ``companion.kernels`` offers each family of schemes, grouped by
     hook and attention path, with the CPU measurements that were stored and whether a GPU
-    benchmark is (``07_gpu_benchmarks.json`` in the folder). The check: the bias kernel covers
-    ALiBi and T5.
+    benchmark is (``07_gpu_benchmarks.json`` in the folder). One table, ``table_kernels``; the
+    lines give the kernels' limits and say whether that file is there. The check: the bias
+    kernel covers ALiBi and T5.
 
     Raises:
         TypeError: ``stored`` is not a :class:`Stored`.
@@ -1092,7 +1104,6 @@ def kernel_table(stored: Stored) -> Section:
                          + chapter_link(4, "*Cost per layer*"))
         rows.append([", ".join(scheme_label(s) for s in names), f"`{hook or 'none'}`", f"`{p}`", _KERNEL[hook],
                      measured, "stored" if gpu_stored else "not measured: no stored GPU run", chapter_link(7)])
-        lines.append(f"{hook or 'none':>7} {p:>12}: {', '.join(scheme_label(s) for s in names)}")
     header = ["schemes", "hook", f"CPU path (L = {bench.seq_len})", "fused GPU kernel", "stored CPU measurement",
               "GPU speed", "backed by"]
     lines.append(f"{GPU_BENCHMARK} is present: GPU timings are stored" if gpu_stored else
@@ -1100,7 +1111,7 @@ def kernel_table(stored: Stored) -> Section:
     facts = {"gpu_note": "stores GPU timings" if gpu_stored
              else "stores no GPU timings, so this guide ranks no kernel by GPU speed"}
     return Section(lines, facts, {"the bias kernel covers ALiBi and T5": {"alibi", "t5"} <= set(kernels.BIASES)},
-                   header, rows)
+                   {"table_kernels": Table(header, rows)})
 
 
 def rules_of_thumb(stored: Stored) -> Section:
