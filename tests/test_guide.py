@@ -7,7 +7,7 @@ Two kinds of input:
   passkey counts), never through the guide's own helpers, and the rules of thumb are shown to
   fail when one stored number is moved past a rule's threshold;
 * small synthetic inputs whose answer follows by hand: :func:`verdict` on curves built to be
-  flat, between or broken, :func:`cache_reach`, :func:`geometric_mean`, and a two-scheme sweep
+  flat, between or broken, :func:`geometric_mean`, and a two-scheme sweep
   for :func:`lab_sweeps`.
 
 Every public function is also given bad input, and the error must name the argument. Two
@@ -168,24 +168,6 @@ def test_verdict_uses_the_training_length_column_and_thresholds():
 def test_verdict_bad_input(tail, multiples, kwargs, error, match):
     with pytest.raises(error, match=match):
         guide.verdict(tail, multiples, **kwargs)
-
-
-def test_cache_reach():
-    assert guide.cache_reach({"n_sink": 4, "window": 92, "chunk": 32}) == 127
-    assert guide.cache_reach({"n_sink": 0, "window": 1, "chunk": 1, "rerotate": False}) == 1
-
-
-@pytest.mark.parametrize("settings, error, match", [
-    ([4, 92, 32], TypeError, "settings must be a sink cache's settings"),
-    ({"n_sink": 4, "window": 92}, ValueError, "settings lacks 'chunk'"),
-    ({"n_sink": -1, "window": 92, "chunk": 32}, ValueError, r"settings\['n_sink'\] must be >= 0"),
-    ({"n_sink": 4, "window": 0, "chunk": 32}, ValueError, r"settings\['window'\] must be >= 1"),
-    ({"n_sink": 4, "window": 92, "chunk": 32.0}, TypeError, r"settings\['chunk'\] must be an int"),
-    ({"n_sink": True, "window": 92, "chunk": 32}, TypeError, r"settings\['n_sink'\] must be an int"),
-])
-def test_cache_reach_bad_input(settings, error, match):
-    with pytest.raises(error, match=match):
-        guide.cache_reach(settings)
 
 
 def test_geometric_mean():

@@ -16,7 +16,7 @@ RoPE model), :func:`smol_passkey`, :func:`streaming_lab_table` and
 :func:`streaming_smol_table` (streaming input), :func:`grid_table` (2-D input),
 :func:`kernel_table` and :func:`rules_of_thumb`. The building blocks are public too:
 :func:`lab_sweeps` (chapters 8 and 11's sweeps, seed by seed), :func:`verdict` (chapter 8's
-flat, between or breaks), :func:`cache_reach`, :func:`geometric_mean` and
+flat, between or breaks), :func:`geometric_mean` and
 :func:`chapter_link`.
 """
 
@@ -39,7 +39,7 @@ from .._checks import check_choice, check_finite_number, check_path
 from ..dispatch import attention_path
 from ..grid import grid_positions
 from ..longctx import method_config as smol_method_config
-from ..longctx import summarize
+from ..longctx import summarize, trainfree_reach
 from ..scaling import llama_cpp_rope_args
 from ..trainfree import ReRoPE, SelfExtend, max_relative_position
 from ..utils import load_csv, load_result, shown_command
@@ -51,7 +51,7 @@ from .schemes import build_scheme, scheme_label
 
 __all__ = ["STORED_JSON", "STORED_CSV", "CHAPTER_PAGES", "FLAT_BITS", "BREAK_BITS", "TRAINFREE_LABELS",
            "Stored", "Table", "Section", "LabSweeps", "load_stored", "chapter_link",
-           "verdict", "cache_reach", "geometric_mean",
+           "verdict", "geometric_mean",
            "lab_sweeps", "provenance", "models", "encoder_table", "decoder_table", "extension_lab_table",
            "extension_smol_table", "smol_passkey", "streaming_lab_table", "streaming_smol_table", "grid_table",
            "kernel_table", "rules_of_thumb"]
@@ -340,35 +340,12 @@ def verdict(tail: Any, multiples: Sequence[int], flat_bits: float = FLAT_BITS,
     return "breaks" if rise[:, -1].min() > break_bits else "between"
 
 
-def cache_reach(settings: Mapping[str, Any]) -> int:
-    """The largest position inside a cache of attention sinks: ``n_sink + window + chunk - 1``.
-
-    A query of the last chunk sits ``chunk - 1`` positions past the recent window, which follows
-    the sinks, so that is the largest position RoPE is asked to rotate by.
-
-    Args:
-        settings: a sink cache's settings, with the integers ``n_sink`` (>= 0), ``window`` and
-            ``chunk`` (>= 1).
-
-    Returns:
-        The reach.
-
-    Raises:
-        TypeError: ``settings`` not a mapping, or a field not an int.
-        ValueError: a field missing or out of range.
-    """
-    if not isinstance(settings, Mapping):
-        raise TypeError(f"settings must be a sink cache's settings (a dict with 'n_sink', 'window', 'chunk'), "
-                        f"got {type(settings).__name__}")
-    for key, low in (("n_sink", 0), ("window", 1), ("chunk", 1)):
-        if key not in settings:
-            raise ValueError(f"settings lacks {key!r}; a sink cache's settings hold 'n_sink', 'window', 'chunk'")
-        value = settings[key]
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"settings[{key!r}] must be an int, got {type(value).__name__} {value!r}")
-        if value < low:
-            raise ValueError(f"settings[{key!r}] must be >= {low}, got {value}")
-    return int(settings["n_sink"] + settings["window"] + settings["chunk"] - 1)
+def _sink_reach(settings: Mapping[str, Any], length: int) -> int:
+    """The largest position RoPE sees in a pass of ``length`` with a sink cache's stored
+    settings, by :func:`companion.longctx.trainfree_reach` (the rule chapters 10 and 11 use)."""
+    config = {"method": "sinks", **{k: settings[k] for k in ("n_sink", "window", "chunk")},
+              "rerotate": settings.get("rerotate", True)}
+    return int(trainfree_reach(config, length))
 
 
 def geometric_mean(values: Sequence[float]) -> float:
@@ -875,8 +852,8 @@ def streaming_lab_table(stored: Stored) -> Section:
     length and what the method keeps in memory, what it needs of a checkpoint and the chapter
     that backs the row. Nothing is printed. Checks: its plain RoPE is chapter 8's
     model (within 1e-3 bits), every seed ran with the same settings, and every method keeps RoPE
-    inside the trained range (a sink cache's reach by :func:`cache_reach`, checked against the
-    reach chapter 11 stored for SmolLM2).
+    inside the trained range (a sink cache's reach by :func:`companion.longctx.trainfree_reach`,
+    checked against the reach chapter 11 stored for SmolLM2).
 
     Raises:
         TypeError: ``stored`` is not a :class:`Stored`.
@@ -887,7 +864,8 @@ def streaming_lab_table(stored: Stored) -> Section:
     w_last = lab.lengths[-1]
     smol_sinks = stored.data("11_trainfree_ppl")["trainfree"]["sinks"]
     checks = {"its plain RoPE is chapter 8's": t.plain_gap < 1e-3,
-              "the sink reach rule gives SmolLM2's stored reach": cache_reach(smol_sinks) == smol_sinks["reach"]}
+              "the sink reach rule gives SmolLM2's stored reach":
+                  _sink_reach(smol_sinks, _smol(stored).length) == smol_sinks["reach"]}
 
     def memory_cell(n: str) -> str:
         """The largest distance RoPE sees at the longest length, and which keys a query reads."""
@@ -899,7 +877,7 @@ def streaming_lab_table(stored: Stored) -> Section:
                      f"{st['chunk']}: bounded")
             if not st.get("rerotate", True):   # every key keeps its position in the stream
                 return f"{w_last - 1}, from the sinks; {cache}"
-            top = cache_reach(st)
+            top = _sink_reach(st, w_last)
             checks[f"{n}: inside the trained range"] = top < lab.train_len
             return f"{top}; {cache}"
         mode = SelfExtend(st["window"], st["group"]) if n == "self_extend" else ReRoPE(st["window"], st.get("leak"))
