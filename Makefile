@@ -13,6 +13,7 @@ PY := $(VENV)/bin/python
 JB := $(VENV)/bin/jupyter-book
 STAMP := $(VENV)/.installed
 MATHJAX := book/_mathjax/mathjax/tex-svg.js
+PLOTLYJS := book/_plotly/plotly/plotly-cartesian.min.js
 # pytest-xdist workers for the unit tests and the notebooks
 WORKERS ?= 2
 NB ?= chapters/*.ipynb book/*.ipynb
@@ -37,18 +38,22 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
-# MathJax is served by the site itself (no CDN), so formulas render with no network at all.
-$(MATHJAX): book/package.json book/package-lock.json
+# MathJax and Plotly.js (the interactive figures) are served by the site itself (no CDN), so
+# formulas and figures render with no network at all. Both come from the npm registry, at the
+# versions book/package-lock.json pins.
+$(MATHJAX) $(PLOTLYJS) &: book/package.json book/package-lock.json
 	cd book && npm ci --no-audit --no-fund --loglevel=error
 	rm -rf book/_mathjax && mkdir -p book/_mathjax
 	cp -r book/node_modules/mathjax/es5 book/_mathjax/mathjax
 	cd book/_mathjax/mathjax && rm -f *chtml*.js mml-*.js tex-mml-*.js tex-svg-full.js node-main.js
+	rm -rf book/_plotly && mkdir -p book/_plotly/plotly
+	cp book/node_modules/plotly.js-cartesian-dist-min/plotly-cartesian.min.js book/node_modules/plotly.js-cartesian-dist-min/LICENSE book/_plotly/plotly/
 
-book: $(STAMP) $(MATHJAX)
+book: $(STAMP) $(MATHJAX) $(PLOTLYJS)
 	$(JB) build . --quiet
 	@echo "The book is at: $(CURDIR)/_build/html/index.html"
 
-test: $(STAMP) $(MATHJAX) chromium
+test: $(STAMP) $(MATHJAX) $(PLOTLYJS) chromium
 	@start=$$(date +%s); \
 	$(MAKE) --no-print-directory test-unit test-audit test-notebooks test-portable book-strict test-browser && \
 	echo "make test: all passed in $$(( $$(date +%s) - start )) s"
@@ -83,7 +88,7 @@ test-portable: $(STAMP) pretrained
 		echo "== portability matrix: passed under $$cfg in $$(( $$(date +%s) - start )) s"; \
 	done
 
-book-strict: $(STAMP) $(MATHJAX)
+book-strict: $(STAMP) $(MATHJAX) $(PLOTLYJS)
 	$(JB) build . --all --quiet -W -n --keep-going
 
 test-browser: $(STAMP)
@@ -96,4 +101,4 @@ notebooks: $(STAMP) pretrained
 	$(PY) tools/nb.py execute $(NB)
 
 clean:
-	rm -rf _build book/_mathjax
+	rm -rf _build book/_mathjax book/_plotly

@@ -28,7 +28,9 @@ the rules for the notebooks themselves are in ``tests/test_presentation.py``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
 import html.parser
 import http.server
 import os
@@ -170,13 +172,18 @@ def _load(browser, server: str, page_path: str, shot: str) -> dict:
     return _LOADED[page_path]
 
 
-def _open(browser, server: str, page_path: str, shot: str) -> dict:
+def _offline_page(browser, server: str, page_path: str, requested: list[str] | None = None):
+    """``(context, page, problems)``: the page loaded with every request outside the local
+    server aborted and recorded in ``problems``, with failed requests, HTTP errors, console
+    errors and page errors; the local URLs requested go to ``requested``."""
     problems: list[str] = []
     context = browser.new_context(viewport={"width": 1280, "height": 900})
 
     def guard(route):
         url = route.request.url
         if url.startswith(server) or url.startswith("data:"):
+            if requested is not None:
+                requested.append(url)
             route.continue_()
         else:
             problems.append(f"request left the machine: {url}")
@@ -196,6 +203,11 @@ def _open(browser, server: str, page_path: str, shot: str) -> dict:
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
     # "networkidle" also lets the root index.html follow its redirect to the intro page.
     page.goto(f"{server}/{page_path}", wait_until="networkidle")
+    return context, page, problems
+
+
+def _open(browser, server: str, page_path: str, shot: str) -> dict:
+    context, page, problems = _offline_page(browser, server, page_path)
     if page.evaluate("() => document.querySelectorAll('.math').length > 0"):
         # A page with formulas must load MathJax and finish typesetting.
         page.wait_for_function(
@@ -354,3 +366,159 @@ def test_the_page_check_itself():
     assert _page_problems("<script>var x = 'make test';</script>") == []
     # a column outside any output block (prose, code) is not an output's column
     assert _page_problems("<pre>x = True\ny = False\n</pre>") == []
+
+
+# --- Interactive figures (issue 34) -----------------------------------------------------------
+# Each page that holds a companion.interactive figure is opened with the network blocked; the
+# test moves a slider or picks an option as a reader would (keyboard on the range input,
+# select_option on the menu) and checks the value the page shows against a value computed
+# here from the formula, independently of the package, and that the chart's data changed.
+
+INTERACTIVE = {
+    "chapters/05_rope.html": ["rope-clock", "score-distance"],
+    "chapters/09_rope_scaling.html": ["scaling-methods"],
+    "chapters/11_newer_encodings.html": ["position-biases"],
+}
+PLOTLY_PATH = "plotly/plotly-cartesian.min.js"
+
+
+def _figure_blocks(source: str) -> dict[str, int]:
+    """``figure id -> bytes of its HTML block`` for every interactive figure in a built page."""
+    found = {}
+    for m in re.finditer(r'<div class="pe-interactive" id="pe-([a-z0-9-]+)"', source):
+        end = source.find("})();</script></div>", m.start())
+        assert end > 0, f"figure {m.group(1)}: its block does not end with the figure script"
+        found[m.group(1)] = end + len("})();</script></div>") - m.start()
+    return found
+
+
+def test_interactive_figures_are_where_the_book_says_and_within_budget():
+    """Read from the built HTML: exactly the listed pages hold interactive figures, each figure
+    adds at most 1 MB to its page, and only those pages load Plotly.js, once."""
+    from companion.interactive import MAX_FIGURE_BYTES, PLOTLY_JS
+
+    assert PLOTLY_JS == PLOTLY_PATH
+    assert (SITE / PLOTLY_PATH).is_file(), f"{SITE / PLOTLY_PATH} missing: make book copies it from npm"
+    seen = {}
+    for page in PAGES:
+        source = (SITE / page).read_text(encoding="utf-8")
+        blocks = _figure_blocks(source)
+        loads = len(re.findall(r'<script[^>]*src="[^"]*' + re.escape(PLOTLY_PATH), source))
+        if blocks:
+            seen[page] = sorted(blocks)
+            assert loads == 1, f"{page}: Plotly.js referenced {loads} times (once per page)"
+            for fid, size in blocks.items():
+                assert size <= MAX_FIGURE_BYTES, f"{page} figure {fid}: {size:,} bytes > {MAX_FIGURE_BYTES:,}"
+                assert "data:image/png;base64," in source, f"{page}: no static fallback image"
+        else:
+            assert loads == 0, f"{page} has no interactive figure but loads Plotly.js"
+    assert seen == {page: sorted(ids) for page, ids in INTERACTIVE.items()}
+
+
+def _open_interactive(browser, server: str, page_path: str):
+    requested: list[str] = []
+    context, page, problems = _offline_page(browser, server, page_path, requested)
+    plotly_loads = [url for url in requested if PLOTLY_PATH in url]
+    ids = INTERACTIVE[page_path]
+    page.wait_for_function(
+        "() => { const figs = Array.from(document.querySelectorAll('.pe-interactive[data-state]'));"
+        f" return figs.length === {len(ids)} && figs.every(f => f.querySelector('.pe-plot .main-svg')); }}",
+        timeout=30_000)
+    return context, page, problems, plotly_loads
+
+
+@contextlib.contextmanager
+def _interactive(browser, server: str, page_path: str):
+    """The page with its figures drawn, and the Plotly.js requests; on leaving, no request left
+    the machine and the page logged no error."""
+    context, page, problems, loads = _open_interactive(browser, server, page_path)
+    try:
+        yield page, loads
+        assert problems == [], "\n".join(problems)
+    finally:
+        context.close()
+
+
+def _all_y(page, fid: str) -> list:
+    return page.evaluate(f"() => document.querySelector('#pe-{fid} .pe-plot').data.map(t => Array.from(t.y))")
+
+
+def _trace_y(page, fid: str, index: int) -> list:
+    return page.evaluate(f"() => Array.from(document.querySelector('#pe-{fid} .pe-plot').data[{index}].y)")
+
+
+def _readout(page, fid: str) -> str:
+    return page.locator(f"#pe-{fid} .pe-readout").inner_text()
+
+
+def _step_slider(page, fid: str, control: str, target_label: str, key: str = "ArrowRight") -> None:
+    slider = page.locator(f"#pe-{fid} input[data-control={control}]")
+    shown = page.locator(f"#pe-{fid} input[data-control={control}] + output")
+    for _ in range(40):
+        if shown.inner_text() == target_label:
+            return
+        slider.press(key)
+    raise AssertionError(f"{fid}: the {control} slider never showed {target_label!r} (shows {shown.inner_text()!r})")
+
+
+def test_chapter5_figures_respond_offline(browser, server):
+    with _interactive(browser, server, "chapters/05_rope.html") as (page, loads):
+        # RoPE's clock at base 500000: count the pairs that turn within L = 4096, from the formula
+        before = _trace_y(page, "rope-clock", 1)
+        _step_slider(page, "rope-clock", "base", "500,000")
+        wl = [2 * math.pi * 500000.0 ** (2 * i / 128) for i in range(64)]
+        full = sum(w <= 4096 for w in wl)
+        text = _readout(page, "rope-clock")
+        assert f"{full} of 64 pairs turn fully" in text and f"{wl[-1]:,.0f} positions" in text, text
+        after = _trace_y(page, "rope-clock", 1)
+        assert after != before and abs(after[-1] / wl[-1] - 1) < 1e-3
+        # score against distance at base 10^6: the first distance where sum_i cos(r theta_i) < 0
+        before = _trace_y(page, "score-distance", 0)
+        _step_slider(page, "score-distance", "base", "1,000,000")
+        theta = [1e6 ** (-2 * i / 128) for i in range(64)]
+        first = next(r for r in range(1, 32769) if sum(math.cos(r * t) for t in theta) < 0)
+        assert f"r = {first:,}" in _readout(page, "score-distance"), _readout(page, "score-distance")
+        assert _trace_y(page, "score-distance", 0) != before
+        assert len(loads) == 1, f"Plotly.js loaded {len(loads)} times on a page with two figures"
+
+
+def test_chapter9_scaling_figure_responds_offline(browser, server):
+    with _interactive(browser, server, "chapters/09_rope_scaling.html") as (page, _):
+        fid = "scaling-methods"
+        before = _all_y(page, fid)
+        page.locator(f"#pe-{fid} select[data-control=config]").select_option(label="Llama 3.1 8B")
+        page.locator(f"#pe-{fid} select[data-control=method]").select_option(label="Llama 3 scaling")
+        _step_slider(page, fid, "factor", "8")
+        # Llama 3.1: wavelengths below L / 4 kept, above L slowed by the full factor (L = 8192)
+        wl = [2 * math.pi * 500000.0 ** (2 * i / 128) for i in range(64)]
+        kept, full = sum(w < 8192 / 4 for w in wl), sum(w > 8192 for w in wl)
+        text = _readout(page, fid)
+        assert f"{kept} of 64 pairs kept, {full} slowed by the full 8x" in text, text
+        assert "attention factor 1.0000" in text and text.startswith("Llama 3.1 8B"), text
+        assert _all_y(page, fid) != before
+        # the lab model has LongRoPE factors only up to s = 8: the factor slider stops there
+        page.locator(f"#pe-{fid} select[data-control=config]").select_option(label="the lab model (chapter 8)")
+        page.locator(f"#pe-{fid} select[data-control=method]").select_option(label="LongRoPE (searched)")
+        slider = page.locator(f"#pe-{fid} input[data-control=factor]")
+        slider.press("End")
+        assert page.locator(f"#pe-{fid} input[data-control=factor] + output").inner_text() == "8"
+        assert "LongRoPE" in _readout(page, fid) and "s = 8," in _readout(page, fid)
+
+
+def test_chapter11_bias_figure_responds_offline(browser, server):
+    with _interactive(browser, server, "chapters/11_newer_encodings.html") as (page, _):
+        fid = "position-biases"
+        before = _trace_y(page, fid, 1)
+        _step_slider(page, fid, "heads", "12")
+        page.locator(f"#pe-{fid} input[data-control=head]").press("End")
+        # the ALiBi paper's rule for 12 heads: 8 slopes of 8 heads, then 2^(-8h/16) for h = 1, 3, 5, 7
+        slopes = [2 ** (-8 * h / 8) for h in range(1, 9)] + [2 ** (-8 * h / 16) for h in (1, 3, 5, 7)]
+        text = _readout(page, fid)
+        assert text.startswith("ALiBi, head 12 of 12") and f"slope m = {slopes[11]:.6g}" in text, text
+        assert _trace_y(page, fid, 1) != before
+        # fewer heads: the head slider moves down to the last head there is
+        _step_slider(page, fid, "heads", "4", key="ArrowLeft")
+        assert _readout(page, fid).startswith("ALiBi, head 4 of 4"), _readout(page, fid)
+        page.locator(f"#pe-{fid} select[data-control=scheme]").select_option(label="FIRE")
+        assert _readout(page, fid).startswith("FIRE, head 4 of 4"), _readout(page, fid)
+        assert len(page.evaluate(f"() => document.querySelector('#pe-{fid} .pe-plot').data")) == 3
