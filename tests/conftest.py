@@ -43,3 +43,29 @@ def smollm2_weights64(smollm2_gguf):
     """Float64 copies of SmolLM2's weights, made once per test process: the reference models of
     the rounding bounds are built from them."""
     return {k: v.double() for k, v in smollm2_gguf[1].items()}
+
+
+#: Test modules that do no floating-point arithmetic whose result could depend on the numeric
+#: configuration: prose and page rules, the bibliography, the pins, the import graph, command
+#: help texts, and fetching and caching files. ``make test-portable`` sets
+#: ``COMPANION_PORTABILITY_RUN=1`` when it re-runs the unit tests under another configuration of
+#: the portability matrix; their tests are then deselected, since the default
+#: configuration has just run them. (``tests/test_portability.py`` checks the list.)
+CONFIG_INDEPENDENT = (
+    "test_bibliography.py",
+    "test_cli_help.py",
+    "test_layering.py",
+    "test_pins.py",
+    "test_presentation.py",
+    "test_pretrained.py",
+    "test_prose.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("COMPANION_PORTABILITY_RUN") != "1":
+        return
+    left_out = [item for item in items if item.path.name in CONFIG_INDEPENDENT]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if item.path.name not in CONFIG_INDEPENDENT]

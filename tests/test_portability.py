@@ -185,3 +185,42 @@ def test_portability_settings_reach_torch():
     if wanted.lower() not in allowed:
         pytest.skip(f"ATEN_CPU_CAPABILITY={wanted} is not one the matrix uses")
     assert got in allowed[wanted.lower()]
+
+
+def test_config_independent_modules_exist_and_skip_only_under_the_matrix(monkeypatch):
+    """The modules the portability re-runs leave out (tests/conftest.py) exist, and only their
+    tests are deselected, and only when make test-portable says so."""
+    from types import SimpleNamespace
+
+    import conftest
+
+    assert all((ROOT / "tests" / name).is_file() for name in conftest.CONFIG_INDEPENDENT)
+    assert "test_portability.py" not in conftest.CONFIG_INDEPENDENT and "test_rope.py" not in conftest.CONFIG_INDEPENDENT
+
+    def kept(flag: str | None) -> tuple[list[str], list[str]]:
+        if flag is None:
+            monkeypatch.delenv("COMPANION_PORTABILITY_RUN", raising=False)
+        else:
+            monkeypatch.setenv("COMPANION_PORTABILITY_RUN", flag)
+        items = [SimpleNamespace(path=ROOT / "tests" / n) for n in ("test_pins.py", "test_rope.py", "test_prose.py")]
+        dropped: list = []
+        config = SimpleNamespace(hook=SimpleNamespace(pytest_deselected=lambda items: dropped.extend(items)))
+        conftest.pytest_collection_modifyitems(config, items)
+        return [i.path.name for i in items], [i.path.name for i in dropped]
+
+    everything = ["test_pins.py", "test_rope.py", "test_prose.py"]
+    assert kept(None) == (everything, []) and kept("0") == (everything, [])
+    assert kept("1") == (["test_rope.py"], ["test_pins.py", "test_prose.py"])
+
+
+def test_make_runs_every_notebook_once_longest_first():
+    """The nbval command lists every notebook exactly once, the longest (NB_LONGEST_FIRST) first."""
+    import subprocess
+
+    out = subprocess.run(["make", "-n", "--no-print-directory", "test-notebooks", "STAMP=Makefile"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    line = next(part for part in out.split("\n") if "--nbval" in part or ".ipynb" in part)
+    listed = re.findall(r"\S+\.ipynb", out)
+    assert sorted(listed) == sorted(str(p.relative_to(ROOT)) for p in NOTEBOOKS), line
+    assert len(set(listed)) == len(listed)
+    assert listed[0] == "chapters/10_pretrained_llm.ipynb" and "--no-loadscope-reorder" in out
