@@ -41,7 +41,7 @@ MAX_COLUMNS = 7
 #: Every function that returns a Section, in the appendix's order.
 SECTIONS = [guide.provenance, guide.models, guide.encoder_table, guide.decoder_table, guide.extension_lab_table,
             guide.extension_smol_table, guide.smol_passkey, guide.streaming_lab_table, guide.streaming_smol_table,
-            guide.grid_table, guide.kernel_table, guide.rules_of_thumb]
+            guide.grid_table, guide.kernel_table, guide.recipe_rules, guide.engine_support, guide.rules_of_thumb]
 
 
 @pytest.fixture(scope="module")
@@ -313,7 +313,8 @@ def test_lab_sweeps_on_the_stored_sweeps(stored):
 
 def test_provenance(stored):
     lines = guide.provenance(stored).lines
-    names = sorted([f"{n}.json" for n in guide.STORED_JSON] + [f"{n}.csv" for n in guide.STORED_CSV])
+    names = sorted([f"{n}.json" for n in guide.STORED_JSON] + [f"{n}.csv" for n in guide.STORED_CSV]
+                   + [f"{guide.RECIPE_DIR}/{n}.json" for n in ("abf", "bases", "hybrids")])
     assert [line.split(": ")[0] for line in lines] == names
     cmd = stored.results["08_sweep"]["provenance"]["command"]
     assert lines[names.index("08_sweep.json")].startswith(f"08_sweep.json: {cmd} (")
@@ -558,7 +559,7 @@ def _copies(section: guide.Section) -> list[str]:
 def test_no_table_is_wider_than_the_page_allows(sections):
     assert _columns(guide.Table(list("abcdefgh")).markdown()) == 8     # the count itself
     widths = {name: _columns(s.markdown(name)) for s in sections.values() for name in s.tables}
-    assert len(widths) == 13
+    assert len(widths) == 15
     assert {name: w for name, w in widths.items() if w > MAX_COLUMNS} == {}
 
 
@@ -567,7 +568,7 @@ def test_printed_lines_do_not_repeat_a_table(sections):
     text_copy = guide.Section(["scheme 1x path", "RoPE 1.89 sdpa-causal", "a note on RoPE"], tables={"t": table})
     assert _copies(text_copy) == ["RoPE 1.89 sdpa-causal"]                # the check finds a copied row
     with_tables = [name for name, s in sections.items() if s.tables]
-    assert len(with_tables) == 8
+    assert len(with_tables) == 9
     assert {name: _copies(sections[name]) for name in with_tables} == {name: [] for name in with_tables}
 
 
@@ -644,3 +645,89 @@ def test_rules_of_thumb_pi_and_passkey_rules_can_fail(stored):
 
     assert _moved_rule(stored, pi_free) == ["not PI as is"]
     assert _moved_rule(stored, alibi_remembers) == ["flat is not memory"]
+
+
+
+# ------------------------------------------------------------------------------------------------
+# chapter 13's recipe and the engine table
+# ------------------------------------------------------------------------------------------------
+
+
+def _chapter13_glue() -> dict[str, str]:
+    """The values chapter 13's stored notebook glued, by name (the chapter computes them with
+    its own code; the guide must quote the same numbers)."""
+    nb = json.loads((REPO / "chapters" / "13_long_context_recipe.ipynb").read_text(encoding="utf-8"))
+    found = {}
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            name = out.get("metadata", {}).get("scrapbook", {}).get("name")
+            if name:
+                found[name] = out["data"]["application/papermill.record/text/plain"].strip("'")
+    return found
+
+
+def test_recipe_rules_quote_chapter_13s_own_numbers(stored):
+    s = guide.recipe_rules(stored)
+    assert not s.failed and len(s.checks) == 5
+    ch13 = _chapter13_glue()
+    assert s.facts["rc_lg_rise"] == ch13["lg_rise"] and s.facts["rc_rope_rise"] == ch13["rope_rise16"]
+    assert s.facts["rc_irope_cost"] == ch13["irope_cost"] and s.facts["rc_rise4"] == ch13["bases_rise4"]
+    assert s.facts["rc_yarn_2"].split(" ")[0] == ch13["abf_yarn_2"]
+    assert s.facts["rc_yarn_ft"].split(" ")[0] == ch13["abf_yarn_200"]
+    assert s.facts["rc_llama2_reach"] == "1,707"      # chapter 5's first negative distance for base 1e4
+
+
+def test_recipe_rules_fail_when_a_stored_number_moves(stored, tmp_path):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(DATA / guide.RECIPE_DIR, data / guide.RECIPE_DIR)
+    shutil.copytree(DATA / "09_extension", data / "09_extension")
+    for part in ("08_sweep/rope-alibi.json", "11_sweep/b-hybrids.json"):
+        (data / part).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(DATA / part, data / part)
+    moved = guide.Stored(data, stored.results, stored.tables)
+    assert guide.recipe_rules(moved).failed == []
+    hybrids = data / guide.RECIPE_DIR / "hybrids.json"
+    payload = json.loads(hybrids.read_text())
+    for run in payload["data"]["runs"]:           # the Gemma pattern made flat: rises by less than 0.5
+        if run["config"]["scheme"] == "rope-local-global":
+            bpb = run["eval"]["bpb"]
+            for w, entry in bpb.items():
+                entry["tail"] = bpb[min(bpb, key=int)]["tail"]
+    hybrids.write_text(json.dumps(payload))
+    assert "local/global" in guide.recipe_rules(guide.Stored(data, stored.results, stored.tables)).failed
+
+
+def test_engine_support_table(stored):
+    s = guide.engine_support(stored)
+    assert not s.failed and set(s.tables) == {"table_engines_rope", "table_engines_other"}
+    raw = json.loads((DATA / guide.ENGINE_SUPPORT).read_text())
+    rows = {r[0]: r[1:] for t in s.tables.values() for r in t.rows}
+    assert len(rows) == len(raw["schemes"]) == 16
+    for key, label in guide.SCHEME_ROWS.items():
+        assert rows[label] == [raw["support"][e][key]["status"] for e in raw["engines"]]
+    assert s.facts["eng_no_dynamic"] == "llama.cpp"
+
+
+def test_engine_support_checks_fail_on_a_bad_file(stored, tmp_path):
+    raw = json.loads((DATA / guide.ENGINE_SUPPORT).read_text())
+    unsourced = copy.deepcopy(raw)
+    unsourced["support"]["vllm"]["yarn"]["sources"] = []
+    wrong = copy.deepcopy(raw)
+    wrong["support"]["llama.cpp"]["dynamic"]["status"] = "yes"     # the package says llama.cpp has none
+    research = copy.deepcopy(raw)
+    research["support"]["sglang"]["fire"]["status"] = "yes"
+    for payload, failed in ((unsourced, "every cell sourced"), (wrong, "llama.cpp agrees with the package"),
+                            (research, "research schemes run nowhere")):
+        (tmp_path / guide.ENGINE_SUPPORT).write_text(json.dumps(payload))
+        assert failed in guide.engine_support(guide.Stored(tmp_path, stored.results, stored.tables)).failed
+    (tmp_path / guide.ENGINE_SUPPORT).write_text(json.dumps({**raw, "engines": ["vllm"]}))
+    with pytest.raises(ValueError, match="must list the engines"):
+        guide.engine_support(guide.Stored(tmp_path, stored.results, stored.tables))
+    (tmp_path / guide.ENGINE_SUPPORT).unlink()
+    with pytest.raises(FileNotFoundError, match="engine table"):
+        guide.engine_support(guide.Stored(tmp_path, stored.results, stored.tables))
+    for section in (guide.recipe_rules, guide.engine_support):
+        with pytest.raises(TypeError, match="stored must be"):
+            section("chapters/data")

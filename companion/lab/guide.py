@@ -46,7 +46,8 @@ from ..utils import load_csv, load_result, shown_command
 from . import grid_task
 from .evaluate import TAIL
 from .extend import METHOD_LABELS, method_config
-from .results import Extension, Sweep
+from ..recipe import base_lower_bound, longest_context
+from .results import Extension, Sweep, difference, load_bases, merge_extensions, merge_sweeps
 from .schemes import build_scheme, scheme_label
 
 __all__ = ["STORED_JSON", "STORED_CSV", "CHAPTER_PAGES", "FLAT_BITS", "BREAK_BITS", "TRAINFREE_LABELS",
@@ -62,6 +63,12 @@ STORED_JSON = ("04_relative_cpu", "06_bias_attention_cpu", "08_sweep", "09_exten
                "rope_cpu")
 #: The CSV results it reads, by file stem.
 STORED_CSV = ("09_extension", "10_ppl", "10_passkey", "11_trainfree_ppl")
+#: Chapter 13's stored runs (a subfolder of the data folder): the base sweep, ABF, and the
+#: local/global layer patterns.
+RECIPE_DIR = "13_recipe"
+#: Which inference engines run which schemes, checked against the engines' sources (a plain
+#: JSON file in the data folder, with one source per cell).
+ENGINE_SUPPORT = "appendix_engine_support.json"
 #: A GPU benchmark of chapter 7's kernels; the guide says whether the folder holds one.
 GPU_BENCHMARK = "07_gpu_benchmarks.json"
 
@@ -526,6 +533,10 @@ def provenance(stored: Stored) -> Section:
     _check_stored(stored)
     prov = {f"{n}.json": r["provenance"] for n, r in stored.results.items()}
     prov.update({f"{n}.csv": t[0] for n, t in stored.tables.items()})
+    for name in ("bases", "abf", "hybrids"):   # chapter 13's runs (recipe_rules)
+        path = stored.data_dir / RECIPE_DIR / f"{name}.json"
+        if path.is_file():
+            prov[f"{RECIPE_DIR}/{name}.json"] = load_result(path)["provenance"]
     lines = []
     for name in sorted(prov):
         p = prov[name]
@@ -1253,3 +1264,212 @@ def rules_of_thumb(stored: Stored) -> Section:
     line = (f"rules that hold on the stored data, {sum(rules.values())} of {len(rules)}: "
             + ", ".join(n for n, ok in rules.items() if ok))
     return Section([line], f, rules)
+
+
+# ------------------------------------------------------------------------------------------------
+# Chapter 13: the recipe (the base, ABF, local and global layers)
+
+
+def _recipe(stored: Stored) -> SimpleNamespace:
+    def build() -> SimpleNamespace:
+        folder = stored.data_dir
+        recipe = folder / RECIPE_DIR
+        bases = load_bases(recipe / "bases.csv")
+        files = sorted((folder / "09_extension").glob("*.csv")) + [recipe / "abf.csv"]
+        abf = Extension(*merge_extensions([(*load_csv(f), load_result(f.with_suffix(".json"))["data"]) for f in files],
+                                          names=[f"{f.parent.name}/{f.stem}" for f in files]))
+        parts = [folder / "08_sweep" / "rope-alibi.json", folder / "11_sweep" / "b-hybrids.json",
+                 recipe / "hybrids.json"]
+        hybrids = Sweep(merge_sweeps([load_result(q) for q in parts], names=[f"{q.parent.name}/{q.name}" for q in parts]))
+        return SimpleNamespace(bases=bases, abf=abf, hybrids=hybrids)
+
+    return _memo(stored, "recipe", build)
+
+
+#: Chapter 13's protocol: the lab model's training length, the factor and length of its
+#: fine-tunes (4x, 512 bytes), the longest budget, and the budgets.
+RECIPE_L, RECIPE_S, RECIPE_FT, RECIPE_BUDGETS = 128, 4.0, 200, (2, 10, 50, 200)
+
+
+def recipe_rules(stored: Stored) -> Section:
+    """What chapter 13 measured of the modern recipe, as the guide's rules quote it.
+
+    ``checks``:
+
+    * *no base extrapolates*: as trained, every base of the sweep (1e2 to 1e6) rises more than
+      2.5 bits per byte from 1x to 4x, on every seed;
+    * *ABF*: at 4x (the fine-tune's length) raising the base (ABF) is ahead of fine-tuning with
+      the base unchanged and of PI at every budget, on every seed, and the interval of the
+      seed means excludes zero;
+    * *YaRN ahead of ABF*: YaRN is ahead of ABF at every budget, on every seed, with intervals
+      above zero;
+    * *Men's bound*: Llama 2's base 1e4 turns ``B(m)`` negative inside its 4,096 tokens, and
+      the bound for 4,096 tokens (:func:`companion.recipe.base_lower_bound`) is above 2e4;
+    * *local/global*: the Gemma pattern (local RoPE + global RoPE 1e6) rises by 16x less than
+      full RoPE on every seed and more than 0.5 bits; chunked RoPE + global NoPE rises less
+      than 0.1 bits but costs more than 0.05 bits at 1x (interval).
+
+    ``facts`` holds the intervals (95%, bootstrap over the scored blocks of the seed means,
+    :func:`companion.lab.results.difference`) under the glue names the page uses.
+
+    Raises:
+        TypeError: ``stored`` is not a :class:`Stored`.
+        FileNotFoundError: a chapter 13 result is missing from the data folder.
+    """
+    r = _recipe(_check_stored(stored))
+    f: dict[str, Any] = {}
+    checks: dict[str, bool] = {}
+    L, S, FT = RECIPE_L, RECIPE_S, RECIPE_FT
+    w = int(S) * L
+
+    # 1. No base extrapolates without training.
+    rise4 = []
+    for b in r.bases.bases:
+        ext = r.bases.extension(b)
+        rise4.append(ext.get("none", 1.0, 0, "bpb_tail", 4 * L) - ext.get("none", 1.0, 0, "bpb_tail", L))
+    rise4 = np.array(rise4)
+    checks["no base extrapolates"] = bool((rise4 > 2.5).all())
+    f.update(rc_rise4=f"{rise4.min():.1f}", rc_bases=f"{min(r.bases.bases):.0e} to {max(r.bases.bases):.0e}")
+
+    # 2. ABF against fine-tuning with the base unchanged and against PI; 3. YaRN against ABF.
+    ax = r.abf
+    seeds = ax.seeds("abf", S, FT)
+
+    def abf_minus(m: str, n: int) -> tuple[np.ndarray, Any]:
+        per = ax.get("abf", S, n, "bpb_tail", w) - ax.get(m, S, n, "bpb_tail", w, seeds=seeds)
+        ci = difference(ax.blocks("abf", S, n, "tail", w), ax.blocks(m, S, n, "tail", w, seeds=seeds))
+        return per, ci
+
+    ahead = {}
+    for m in ("none", "pi"):
+        res = {n: abf_minus(m, n) for n in RECIPE_BUDGETS}
+        ahead[m] = all((per < 0).all() and ci.below(0) for per, ci in res.values())
+        f[f"rc_abf_{m}"] = res[FT][1].format(2)
+    checks["ABF"] = ahead["none"] and ahead["pi"]
+    yarn = {n: abf_minus("yarn", n) for n in RECIPE_BUDGETS}
+    checks["YaRN ahead of ABF"] = all((per > 0).all() and ci.above(0) for per, ci in yarn.values())
+    f.update(rc_yarn_2=yarn[2][1].format(2), rc_yarn_ft=yarn[FT][1].format(3), rc_ft=FT, rc_seeds=len(seeds),
+             rc_target=f"{w:,}")
+
+    # 4. Men et al.'s lower bound on the base, on a Llama-sized head.
+    llama2, bound4k = longest_context(1e4, 128), base_lower_bound(4096, 128)
+    checks["Men's bound"] = llama2 < 4096 and bound4k > 2e4
+    f.update(rc_llama2_reach=f"{llama2:,}", rc_bound_4k=f"{bound4k:.1e}")
+
+    # 5. Local and global layers.
+    hy = r.hybrids
+
+    def rise16(s: str) -> tuple[np.ndarray, Any]:
+        tail = hy.curve(s, "tail")
+        i16 = hy.multiples.index(16)
+        return tail[:, i16] - tail[:, 0], difference(hy.blocks(s, "tail", 16 * hy.train_len),
+                                                     hy.blocks(s, "tail", hy.train_len))
+
+    lg, lg_ci = rise16("rope-local-global")
+    rope, rope_ci = rise16("rope")
+    irope, irope_ci = rise16("irope")
+    cost = difference(hy.blocks("irope", "tail", hy.train_len), hy.blocks("rope", "tail", hy.train_len))
+    checks["local/global"] = bool(((lg > 0.5) & (lg < rope.min())).all() and (irope < 0.1).all()
+                                  and cost.above(0.05))
+    f.update(rc_lg_rise=lg_ci.format(2), rc_rope_rise=rope_ci.format(2), rc_irope_rise=irope_ci.format(3),
+             rc_irope_cost=cost.format(3))
+    line = (f"chapter 13's claims that hold on the stored data, {sum(checks.values())} of {len(checks)}: "
+            + ", ".join(n for n, ok in checks.items() if ok))
+    return Section([line], f, checks)
+
+
+# ------------------------------------------------------------------------------------------------
+# Inference engines
+
+
+ENGINE_LABELS = {"transformers": "transformers", "vllm": "vLLM", "llama.cpp": "llama.cpp",
+                 "tensorrt-llm": "TensorRT-LLM", "sglang": "SGLang"}
+SCHEME_ROWS = {"rope": "RoPE", "linear": "PI (linear)", "dynamic": "Dynamic NTK", "yarn": "YaRN",
+               "llama3": "Llama 3 scaling", "longrope": "LongRoPE", "partial-rotary": "partial rotary",
+               "interleaved-layout": "interleaved layout", "m-rope": "M-RoPE", "alibi": "ALiBi",
+               "t5-bias": "T5 bias", "learned-absolute": "learned table", "kerple": "Kerple", "fire": "FIRE",
+               "cope": "CoPE", "xpos": "xPos"}
+
+
+def engine_support(stored: Stored) -> Section:
+    """Which schemes each inference engine runs (transformers, vLLM, llama.cpp, TensorRT-LLM,
+    SGLang), from :data:`ENGINE_SUPPORT`, in two tables of at most 7 columns (RoPE and its
+    scaling types; the rest).
+
+    ``checks``: every cell has a status (yes, no, partial) and at least one source; the
+    research schemes (Kerple, FIRE, CoPE, xPos) run nowhere; the transformers row of the
+    scaling types matches the installed transformers' ``ROPE_INIT_FUNCTIONS`` (where
+    transformers is installed); and the rows the package can check itself agree with it:
+    llama.cpp has no Dynamic NTK (:func:`companion.scaling.
+    llama_cpp_rope_args` maps it to nothing) and its other scaling types map to llama.cpp's
+    options.
+
+    Raises:
+        TypeError: ``stored`` is not a :class:`Stored`.
+        FileNotFoundError: :data:`ENGINE_SUPPORT` is missing from the data folder.
+        ValueError: the file does not have the expected engines and schemes.
+    """
+    import json
+
+    path = _check_stored(stored).data_dir / ENGINE_SUPPORT
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: the engine table reads it")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    engines, schemes, support = data.get("engines"), data.get("schemes"), data.get("support", {})
+    if list(engines or []) != list(ENGINE_LABELS) or sorted(schemes or []) != sorted(SCHEME_ROWS):
+        raise ValueError(f"{path.name} must list the engines {list(ENGINE_LABELS)} and the schemes "
+                         f"{sorted(SCHEME_ROWS)}, got {engines} and {schemes}")
+    mark = {"yes": "yes", "no": "no", "partial": "partial"}
+    complete = True
+    notes: list[str] = []
+    rows: list[list[str]] = []
+    for scheme in SCHEME_ROWS:
+        row = [SCHEME_ROWS[scheme]]
+        for engine in ENGINE_LABELS:
+            cell = support.get(engine, {}).get(scheme, {})
+            status = cell.get("status")
+            complete &= status in mark and bool(cell.get("sources"))
+            row.append(mark.get(status, "?"))
+            if status == "partial":
+                notes.append(f"{ENGINE_LABELS[engine]}, {SCHEME_ROWS[scheme]}: {cell.get('note', '')}")
+        rows.append(row)
+    header = ["scheme", *ENGINE_LABELS.values()]
+    rotary = [r for r, s in zip(rows, SCHEME_ROWS) if s in ("rope", "linear", "dynamic", "yarn", "llama3", "longrope",
+                                                             "partial-rotary", "interleaved-layout", "m-rope")]
+    others = [r for r in rows if r not in rotary]
+    research = ("kerple", "fire", "cope", "xpos")
+    nowhere = all(support[e][s]["status"] == "no" for e in ENGINE_LABELS for s in research)
+    cpp = support["llama.cpp"]
+    base = {"rope_theta": 1e4, "factor": 4.0}
+    no_dynamic = llama_cpp_rope_args({"rope_type": "dynamic", **base}, 128, max_position_embeddings=4096) is None
+    maps = all(llama_cpp_rope_args(cfg, 128, max_position_embeddings=4096) is not None for cfg in (
+        {"rope_type": "linear", **base},
+        {"rope_type": "yarn", **base, "original_max_position_embeddings": 4096}))
+    import warnings
+
+    try:   # the installed transformers, where there is one (the hf extra pins it)
+        with warnings.catch_warnings():   # tqdm warns about notebook widgets on import
+            warnings.simplefilter("ignore")
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    except ImportError:
+        hf_agrees = True
+    else:
+        hf_agrees = all((support["transformers"][t]["status"] == "yes") == (t in ROPE_INIT_FUNCTIONS)
+                        for t in ("linear", "dynamic", "yarn", "llama3", "longrope"))
+    checks = {"every cell sourced": complete, "research schemes run nowhere": nowhere,
+              "the installed transformers agrees": hf_agrees,
+              "llama.cpp agrees with the package": (cpp["dynamic"]["status"] == "no") == no_dynamic
+              and cpp["linear"]["status"] == cpp["yarn"]["status"] == "yes" and maps}
+    lines = [f"checked on {data.get('checked_on', '?')} against the engines' sources (one per cell in "
+             f"chapters/data/{ENGINE_SUPPORT})"] + notes
+    def where(scheme: str, status: str = "yes") -> list[str]:
+        return [ENGINE_LABELS[e] for e in ENGINE_LABELS if support[e][scheme]["status"] == status]
+
+    def listed(names: list[str]) -> str:
+        return _listing(names) if names else "none"
+
+    facts = {"eng_checked": data.get("checked_on", "?"), "eng_no_dynamic": listed(where("dynamic", "no")),
+             "eng_alibi": f"{len(where('alibi'))} of {len(ENGINE_LABELS)}",
+             "eng_alibi_partial": listed(where("alibi", "partial")), "eng_no_t5": listed(where("t5-bias", "no"))}
+    return Section(lines, facts, checks, {"table_engines_rope": Table(header, rotary),
+                                          "table_engines_other": Table(header, others)})
