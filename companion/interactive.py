@@ -50,6 +50,7 @@ from ._checks import check_positive_int
 from .alibi import alibi_slopes
 from .learned_bias import FIRE, KerpleBias
 from .plotting import METHOD_STYLES, scheme_color
+from .recipe import longest_context_of
 from .relative import t5_relative_position_bucket
 from .rope import apply_rope, rope_cos_sin, rope_frequencies
 from .scaling import compute_inv_freq
@@ -65,7 +66,6 @@ __all__ = [
     "score_distance",
     "scaling_methods",
     "position_biases",
-    "full_turn_pairs",
     "decay_bound",
 ]
 
@@ -492,16 +492,6 @@ def _check_values(values: object, name: str, *, minimum: float, integer: bool = 
     return tuple(out)
 
 
-def full_turn_pairs(head_dim: int, base: float, train_len: int) -> int:
-    """How many of RoPE's ``head_dim / 2`` pairs complete a full turn within ``train_len``
-    positions: those whose wavelength ``2 pi / theta_i`` (float64) is at most ``train_len``."""
-    check_positive_int(head_dim, "head_dim")
-    if head_dim % 2:
-        raise ValueError(f"head_dim must be even, got {head_dim}")
-    wavelengths = _TWO_PI / rope_frequencies(head_dim, float(base), dtype=torch.float64)
-    return int((wavelengths <= check_positive_int(train_len, "train_len")).sum())
-
-
 def decay_bound(distance: np.ndarray, head_dim: int = 128, base: float = 10000.0) -> np.ndarray:
     """RoFormer's long-term decay bound, ``(1 / (d/2)) sum_j |S_j|`` with
     ``S_j = sum_{i<j} exp(1j r theta_i)``, in float64, for each distance ``r``."""
@@ -525,7 +515,8 @@ def rope_clock(bases: Sequence[float] = (100.0, 1e4, 1e5, 5e5, 1e6, 1e7), head_d
     training length: pairs above the line have not turned once in training.
 
     Controls: base, head dimension, training length. The readout gives the count of pairs that
-    turn fully within the training length (:func:`full_turn_pairs`) and the slowest pair's
+    turn fully within the training length (wavelength at most ``L``: Liu et al.'s critical
+    dimension over two, :func:`companion.recipe.critical_dimension`) and the slowest pair's
     wavelength ``2 pi b^((d-2)/d)``.
     """
     bases = _check_values(bases, "bases", minimum=1.0 + 1e-9)
@@ -551,7 +542,7 @@ def rope_clock(bases: Sequence[float] = (100.0, 1e4, 1e5, 5e5, 1e6, 1e7), head_d
         wl = (_TWO_PI / rope_frequencies(d, b, dtype=torch.float64)).numpy()
         pairs = np.arange(d // 2)
         full = wl <= L
-        n_full = full_turn_pairs(d, b, L)
+        n_full = int(full.sum())
         data = [
             {"type": "scatter", "mode": "markers", "x": pairs[full], "y": wl[full], "name": "turns fully within L",
              "marker": {"color": rope, "size": 6}},
@@ -629,7 +620,8 @@ def score_distance(bases: Sequence[float] = (100.0, 1e3, 1e4, 1e5, 5e5, 1e6), he
         bound = bound_all[1:] / bound_all[0]
         # the first distance, over every integer up to max_distance, where the expected score
         # of similar keys, (2 / d) sum_i cos(r theta_i), is below zero
-        first_negative = _first_negative(theta.numpy(), max_distance)
+        reach = longest_context_of(theta, limit=max_distance + 1)
+        first_negative = reach if reach <= max_distance else None
         monotone = bool(np.all(np.diff(bound) <= 1e-12))
         data = [
             {"type": "scatter", "mode": "lines", "x": dist, "y": sim, "name": f"similar keys (mean of {samples})",
@@ -653,15 +645,6 @@ def score_distance(bases: Sequence[float] = (100.0, 1e3, 1e4, 1e5, 5e5, 1e6), he
                    f"and is {'monotone' if monotone else 'not monotone'} over the plotted r \u2264 {max_distance:,}.")
         fig.add((b,), data, readout, {"shapes": shapes, "annotations": notes})
     return fig.with_default((1e4,) if 1e4 in bases else (bases[0],))
-
-
-def _first_negative(theta: np.ndarray, max_distance: int, chunk: int = 4096) -> int | None:
-    for start in range(1, max_distance + 1, chunk):
-        r = np.arange(start, min(start + chunk, max_distance + 1), dtype=np.float64)
-        below = np.nonzero(np.cos(np.outer(r, theta)).sum(1) < 0)[0]
-        if len(below):
-            return int(r[below[0]])
-    return None
 
 
 # ----------------------------------------------------------------------------- 3. scaling methods

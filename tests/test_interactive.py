@@ -201,8 +201,11 @@ def test_rope_clock_edges_cover_zero_and_all(clock_edges):
 
 
 @pytest.mark.parametrize("d,b,L", [(128, 1e4, 4096), (64, 100.0, 2048), (2, 10.0, 7), (8, 2.0, 6), (64, 1e7, 131072)])
-def test_full_turn_pairs_closed_form(d, b, L):
-    assert I.full_turn_pairs(d, b, L) == closed_form_count(d, b, L)
+def test_rope_clock_count_is_the_critical_dimension(d, b, L):
+    from companion.recipe import critical_dimension
+
+    state = I.rope_clock(bases=[b], head_dims=[d], train_lens=[L]).states[(b, d, L)]
+    assert len(state["data"][0]["x"]) == closed_form_count(d, b, L) == critical_dimension(d, L, b) // 2
 
 
 def test_rope_clock_default_and_controls(clock):
@@ -838,11 +841,7 @@ def test_bad_input_names_the_argument(call, name):
         call()
 
 
-def test_full_turn_pairs_and_decay_bound_bad_input():
-    with pytest.raises(ValueError, match="head_dim"):
-        I.full_turn_pairs(63, 1e4, 4096)
-    with pytest.raises(ValueError, match="train_len"):
-        I.full_turn_pairs(64, 1e4, 0)
+def test_decay_bound_bad_input():
     with pytest.raises(ValueError, match="head_dim"):
         I.decay_bound(np.array([1.0]), 0)
 
