@@ -23,8 +23,10 @@ flat, between or breaks), :func:`geometric_mean` and
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import numbers
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1382,8 +1384,12 @@ def recipe_rules(stored: Stored) -> Section:
 # Inference engines
 
 
+#: What a cell of the engine table may say.
+ENGINE_STATUSES = ("yes", "no", "partial")
+#: The engines, as :data:`ENGINE_SUPPORT` names them and as the tables show them.
 ENGINE_LABELS = {"transformers": "transformers", "vllm": "vLLM", "llama.cpp": "llama.cpp",
                  "tensorrt-llm": "TensorRT-LLM", "sglang": "SGLang"}
+#: The schemes, as :data:`ENGINE_SUPPORT` names them and as the tables show them.
 SCHEME_ROWS = {"rope": "RoPE", "linear": "PI (linear)", "dynamic": "Dynamic NTK", "yarn": "YaRN",
                "llama3": "Llama 3 scaling", "longrope": "LongRoPE", "partial-rotary": "partial rotary",
                "interleaved-layout": "interleaved layout", "m-rope": "M-RoPE", "alibi": "ALiBi",
@@ -1409,8 +1415,6 @@ def engine_support(stored: Stored) -> Section:
         FileNotFoundError: :data:`ENGINE_SUPPORT` is missing from the data folder.
         ValueError: the file does not have the expected engines and schemes.
     """
-    import json
-
     path = _check_stored(stored).data_dir / ENGINE_SUPPORT
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: the engine table reads it")
@@ -1419,7 +1423,6 @@ def engine_support(stored: Stored) -> Section:
     if list(engines or []) != list(ENGINE_LABELS) or sorted(schemes or []) != sorted(SCHEME_ROWS):
         raise ValueError(f"{path.name} must list the engines {list(ENGINE_LABELS)} and the schemes "
                          f"{sorted(SCHEME_ROWS)}, got {engines} and {schemes}")
-    mark = {"yes": "yes", "no": "no", "partial": "partial"}
     complete = True
     notes: list[str] = []
     rows: list[list[str]] = []
@@ -1428,8 +1431,8 @@ def engine_support(stored: Stored) -> Section:
         for engine in ENGINE_LABELS:
             cell = support.get(engine, {}).get(scheme, {})
             status = cell.get("status")
-            complete &= status in mark and bool(cell.get("sources"))
-            row.append(mark.get(status, "?"))
+            complete &= status in ENGINE_STATUSES and bool(cell.get("sources"))
+            row.append(status if status in ENGINE_STATUSES else "?")
             if status == "partial":
                 notes.append(f"{ENGINE_LABELS[engine]}, {SCHEME_ROWS[scheme]}: {cell.get('note', '')}")
         rows.append(row)
@@ -1445,8 +1448,6 @@ def engine_support(stored: Stored) -> Section:
     maps = all(llama_cpp_rope_args(cfg, 128, max_position_embeddings=4096) is not None for cfg in (
         {"rope_type": "linear", **base},
         {"rope_type": "yarn", **base, "original_max_position_embeddings": 4096}))
-    import warnings
-
     try:   # the installed transformers, where there is one (the hf extra pins it)
         with warnings.catch_warnings():   # tqdm warns about notebook widgets on import
             warnings.simplefilter("ignore")
