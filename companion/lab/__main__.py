@@ -14,7 +14,7 @@ Examples::
     python -m companion.lab extend --seeds 0 1 2 3 4 --factors 2 4 8 --finetune-steps 0 \
         --out chapters/data/09_extension/1-as-is.csv --json chapters/data/09_extension/1-as-is.json
     # chapter 11: training-free extension (ReRoPE, Self-Extend, attention sinks) of the RoPE models
-    python -m companion.lab trainfree --seeds 0 1 --out chapters/data/11_trainfree_lab.json
+    python -m companion.lab trainfree --seeds 0 1 --out chapters/data/11_trainfree_lab/two-seeds.json
     # your own encoding beside the baselines: a smoke run of about a minute first, then the sweep
     python -m companion.lab sweep --schemes rope mypkg.enc:MyScheme --quick
     python -m companion.lab sweep --schemes nope rope alibi mypkg.enc:MyScheme --seeds 0 1 --out mine.json

@@ -15,9 +15,9 @@ scratch to run longer), :func:`extension_lab_table` and :func:`extension_smol_ta
 RoPE model), :func:`smol_passkey`, :func:`streaming_lab_table` and
 :func:`streaming_smol_table` (streaming input), :func:`grid_table` (2-D input),
 :func:`kernel_table` and :func:`rules_of_thumb`. The building blocks are public too:
-:func:`lab_sweeps` (chapters 8 and 11's sweeps, seed by seed), :func:`verdict` (chapter 8's
-flat, between or breaks), :func:`geometric_mean` and
-:func:`chapter_link`.
+:func:`lab_sweeps` (chapters 8 and 11's sweeps, seed by seed, with the intervals of
+:meth:`LabSweeps.gap`, :meth:`LabSweeps.rise` and :meth:`LabSweeps.far_rate`), :func:`verdict`
+(chapter 8's flat, between or breaks), :func:`geometric_mean` and :func:`chapter_link`.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from ..dispatch import attention_path
 from ..grid import grid_positions
 from ..longctx import method_config as smol_method_config
 from ..longctx import summarize, trainfree_reach
+from ..longctx_docs import context_value
 from ..scaling import llama_cpp_rope_args
 from ..trainfree import ReRoPE, SelfExtend, max_relative_position
 from ..utils import load_csv, load_result, shown_command
@@ -50,21 +51,31 @@ from .evaluate import TAIL
 from .extend import METHOD_LABELS, method_config
 from ..recipe import base_lower_bound, longest_context
 from .results import Extension, Sweep, difference, load_bases, merge_extensions, merge_sweeps
+from .stats import bootstrap_ci, proportion_ci
 from .schemes import build_scheme, scheme_label
 
-__all__ = ["STORED_JSON", "STORED_CSV", "CHAPTER_PAGES", "FLAT_BITS", "BREAK_BITS", "TRAINFREE_LABELS",
+__all__ = ["STORED_JSON", "STORED_CSV", "STORED_PARTS", "FIRST_PROTOCOL", "FIRST_BASELINES", "CHAPTER_PAGES", "FLAT_BITS", "BREAK_BITS", "TRAINFREE_LABELS",
            "Stored", "Table", "Section", "LabSweeps", "load_stored", "chapter_link",
            "verdict", "geometric_mean",
            "lab_sweeps", "provenance", "models", "encoder_table", "decoder_table", "extension_lab_table",
            "extension_smol_table", "smol_passkey", "streaming_lab_table", "streaming_smol_table", "grid_table",
            "kernel_table", "rules_of_thumb"]
 
-#: The JSON results the guide reads from ``chapters/data/``, by file stem.
-STORED_JSON = ("04_relative_cpu", "06_bias_attention_cpu", "08_sweep", "09_extension", "10_ppl", "10_llamacpp",
-               "11_sweep", "11_trainfree_lab", "11_trainfree_ppl", "12_grid", "lab_train_cpu", "llama_cpu",
-               "rope_cpu")
+#: The JSON results the guide reads from ``chapters/data/``, by file stem. ``11_sweep`` and
+#: ``11_baselines`` are chapter 11's first-protocol runs (:data:`FIRST_PROTOCOL`).
+STORED_JSON = ("04_relative_cpu", "06_bias_attention_cpu", "10_ppl", "10_llamacpp", "11_sweep", "11_baselines",
+               "11_trainfree_ppl", "12_grid", "lab_train_cpu", "llama_cpu", "rope_cpu")
 #: The CSV results it reads, by file stem.
-STORED_CSV = ("09_extension", "10_ppl", "10_passkey", "11_trainfree_ppl")
+STORED_CSV = ("10_context", "10_ppl", "10_passkey", "11_trainfree_ppl")
+#: The folders of results stored in parts, one command per part. They hold chapter 8's sweep,
+#: chapter 9's extension run, chapter 11's sweep and its training-free run. Every JSON and CSV
+#: in them is read, under ``folder/stem``.
+STORED_PARTS = ("08_sweep", "09_extension", "11_sweep", "11_trainfree_lab")
+#: Chapter 11's schemes that were run only with the first protocol (2 seeds, 32,768 scored
+#: bytes per length), beside that protocol's runs of chapter 8's baselines (``11_baselines``).
+FIRST_PROTOCOL = ("kerple-power", "fire", "xpos", "cope")
+#: The baselines of the first protocol the guide shows beside them.
+FIRST_BASELINES = ("alibi", "nope", "rope")
 #: Chapter 13's stored runs (a subfolder of the data folder): the base sweep, ABF, and the
 #: local/global layer patterns.
 RECIPE_DIR = "13_recipe"
@@ -98,9 +109,6 @@ TRAINFREE_LABELS = {"rerope": "ReRoPE", "leaky_rerope": "Leaky ReRoPE", "self_ex
 _BENCH_NAME = {"sinusoidal": "scaled_sinusoidal"}
 # Chapter 4's names of the relative schemes in its per-layer benchmark.
 _CORE_NAME = {"shaw": "Shaw", "xl": "Transformer-XL", "t5": "T5 bias"}
-# Chapter 9's stored run predates stored extension configs: its command took the default of its
-# version, 2^14 validation bytes per length (chapter 8's sweep stores its own).
-_EXTENSION_TOKENS = 1 << 14
 _HALVES = ("first_half", "second_half", "last")
 
 
@@ -125,7 +133,8 @@ class Stored:
     _memo: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def data(self, name: str) -> Any:
-        """The ``data`` of the JSON result ``name`` (a file stem of :data:`STORED_JSON`).
+        """The ``data`` of the JSON result ``name`` (a file stem of :data:`STORED_JSON`, or
+        ``folder/stem`` of a part, :meth:`parts`).
 
         Raises:
             ValueError: no JSON result of that name was loaded.
@@ -134,8 +143,23 @@ class Stored:
             raise ValueError(f"name must be one of the stored JSON results {sorted(self.results)}, got {name!r}")
         return self.results[name]["data"]
 
+    def parts(self, folder: str) -> list[str]:
+        """The names (``folder/stem``) of the results stored in parts in ``folder`` (one of
+        :data:`STORED_PARTS`), sorted: each a key of ``results`` (and of ``tables`` where the
+        part has a CSV).
+
+        Raises:
+            ValueError: ``folder`` holds no loaded result.
+        """
+        names = sorted({n for n in (*self.results, *self.tables) if n.startswith(f"{folder}/")})
+        if not names:
+            raise ValueError(f"folder must be one of the folders of parts {list(STORED_PARTS)} that were loaded, "
+                             f"got {folder!r}")
+        return names
+
     def rows(self, name: str) -> list[dict[str, str]]:
-        """The rows of the CSV result ``name`` (a file stem of :data:`STORED_CSV`).
+        """The rows of the CSV result ``name`` (a file stem of :data:`STORED_CSV`, or
+        ``folder/stem`` of a part).
 
         Raises:
             ValueError: no CSV result of that name was loaded.
@@ -219,7 +243,8 @@ def _split(header: list[str], rows: list[list[str]], parts: Mapping[str, Sequenc
 
 
 def load_stored(data_dir: str | Path) -> Stored:
-    """Read every result the guide needs (:data:`STORED_JSON`, :data:`STORED_CSV`) from ``data_dir``.
+    """Read every result the guide needs (:data:`STORED_JSON`, :data:`STORED_CSV` and the parts in
+    :data:`STORED_PARTS`) from ``data_dir``.
 
     Args:
         data_dir: the folder of the stored results, ``chapters/data/``.
@@ -230,7 +255,8 @@ def load_stored(data_dir: str | Path) -> Stored:
     Raises:
         TypeError: ``data_dir`` is not a ``str`` or ``os.PathLike``.
         NotADirectoryError: ``data_dir`` is not a folder.
-        FileNotFoundError: a result is missing from it (the message names the file).
+        FileNotFoundError: a result is missing from it, or a folder of parts is missing or
+            empty (the message names the file or folder).
         ValueError: a file is not a result file (:func:`companion.utils.load_result`,
             :func:`companion.utils.load_csv`).
     """
@@ -240,6 +266,13 @@ def load_stored(data_dir: str | Path) -> Stored:
                                  f"(chapters/data)")
     results = {name: load_result(folder / f"{name}.json") for name in STORED_JSON}
     tables = {name: load_csv(folder / f"{name}.csv") for name in STORED_CSV}
+    for sub in STORED_PARTS:
+        where = folder / sub
+        files = sorted(where.glob("*.json")) if where.is_dir() else []
+        if not files:
+            raise FileNotFoundError(f"{where} holds no stored parts (.json); the guide reads every part in it")
+        results.update({f"{sub}/{f.stem}": load_result(f) for f in files})
+        tables.update({f"{sub}/{f.stem}": load_csv(f) for f in sorted(where.glob("*.csv"))})
     return Stored(folder, results, tables)
 
 
@@ -379,38 +412,38 @@ def geometric_mean(values: Sequence[float]) -> float:
 
 @dataclass(frozen=True)
 class LabSweeps:
-    """Chapter 8's and chapter 11's sweeps, seed by seed (:func:`lab_sweeps`).
+    """Chapter 8's and chapter 11's sweeps, one protocol, seed by seed (:func:`lab_sweeps`).
 
     Attributes:
+        sweep: the merged parts (a :class:`~companion.lab.results.Sweep`), for per-block values.
         config: the training config of chapter 8's first run (the recipe every run shares).
-        eval_config: chapter 8's evaluation config.
+        eval_config: the evaluation config every part shares.
         train_len: the training length, in bytes.
         multiples: the evaluation lengths over the training length.
         lengths: the evaluation lengths, in bytes.
-        seeds: the seeds, sorted (every scheme has each).
+        seeds: per scheme, its seeds, sorted (3 to 5: the schemes have different numbers).
         schemes8: chapter 8's schemes, in stored order.
         schemes11: chapter 11's schemes, in stored order.
-        runs: every run, by ``(scheme, seed)``.
         tail: per scheme, tail bits per byte ``(seeds, lengths)``.
-        mean: per scheme, ``tail`` averaged over the seeds.
-        far_passkey: per scheme, one passkey gain per seed (bits per digit): the key farthest
-            back, at the longest length.
-        checks: whether chapter 11's sweep used chapter 8's evaluation and training recipe.
+        mean: per scheme, ``tail`` averaged over its seeds.
+        far_trials: per scheme, the passkey trials of the key farthest back at the longest
+            length, ``(seeds, trials)``, 1 where the key was copied exactly.
+        checks: whether chapter 11's sweep used chapter 8's training recipe.
     """
 
+    sweep: Any
     config: dict[str, Any]
     eval_config: dict[str, Any]
     train_len: int
     multiples: list[int]
     lengths: list[int]
-    seeds: list[int]
+    seeds: dict[str, list[int]]
     schemes8: list[str]
     schemes11: list[str]
-    runs: dict[tuple[str, int], dict[str, Any]]
     # numpy arrays (typed Any: the API page cannot link numpy offline)
     tail: dict[str, Any]
     mean: dict[str, Any]
-    far_passkey: dict[str, Any]
+    far_trials: dict[str, Any]
     checks: dict[str, bool]
 
     @property
@@ -426,11 +459,54 @@ class LabSweeps:
     @property
     def i_last(self) -> int:
         """The column of the longest length."""
-        return self.multiples.index(self.multiples[-1])
+        return len(self.multiples) - 1
+
+    def _length(self, multiple: int | None) -> int:
+        m = self.multiples[-1] if multiple is None else multiple
+        if isinstance(m, bool) or not isinstance(m, numbers.Integral) or m not in self.multiples:
+            raise ValueError(f"multiple must be one of {self.multiples}, got {multiple!r}")
+        return m * self.train_len
+
+    def gap(self, a: str, b: str, multiple: int | None = None) -> Any:
+        """The 95% interval of ``mean(a) - mean(b)`` at ``multiple`` times the training length
+        (default the longest), over the scored blocks of the seed means
+        (:func:`companion.lab.results.difference`): an :class:`~companion.lab.stats.Interval`.
+
+        Raises:
+            ValueError: a scheme not in the sweeps, or a multiple not evaluated.
+        """
+        w = self._length(multiple)
+        return difference(self.sweep.blocks(a, "tail", w), self.sweep.blocks(b, "tail", w))
+
+    def rise(self, scheme: str, multiple: int | None = None) -> Any:
+        """The 95% interval of a scheme's rise from the training length to ``multiple`` times it
+        (default the longest), on the same bytes (an :class:`~companion.lab.stats.Interval`).
+
+        Raises:
+            ValueError: a scheme not in the sweeps, or a multiple not evaluated.
+        """
+        blocks = self.sweep.blocks(scheme, "tail", self._length(multiple))
+        return difference(blocks, self.sweep.blocks(scheme, "tail", self.train_len))
+
+    def far_rate(self, scheme: str) -> Any:
+        """The Wilson 95% interval of the share of the farthest keys copied exactly at the
+        longest length, its trials pooled over the seeds
+        (:func:`companion.lab.stats.proportion_ci`).
+
+        Raises:
+            ValueError: a scheme not in the sweeps.
+        """
+        if scheme not in self.far_trials:
+            raise ValueError(f"scheme must be one of {self.schemes}, got {scheme!r}")
+        t = self.far_trials[scheme]
+        return proportion_ci(int(t.sum()), int(t.size))
 
 
 def lab_sweeps(stored: Stored) -> LabSweeps:
-    """Chapters 8 and 11's sweeps (``08_sweep.json``, ``11_sweep.json``), seed by seed.
+    """Chapters 8 and 11's sweeps (the parts in ``08_sweep/`` and ``11_sweep/``), seed by seed.
+
+    The parts are merged by :func:`companion.lab.results.merge_sweeps`, which requires one
+    evaluation config and one corpus.
 
     Args:
         stored: the stored results (:func:`load_stored`).
@@ -440,45 +516,64 @@ def lab_sweeps(stored: Stored) -> LabSweeps:
 
     Raises:
         TypeError: ``stored`` is not a :class:`Stored`.
-        ValueError: a sweep that is not a sweep (:class:`~companion.lab.results.Sweep`), a scheme
-            in both sweeps, a scheme without a run for every seed, or a passkey test that did
-            not reach the longest length.
+        ValueError: a folder without parts, parts that do not share one protocol or hold one
+            run twice (:func:`~companion.lab.results.merge_sweeps`), a scheme in both chapters'
+            sweeps, or a passkey test that did not reach the longest length.
     """
     _check_stored(stored)
     return _memo(stored, "lab", lambda: _lab_sweeps(stored))
 
 
 def _lab_sweeps(stored: Stored) -> LabSweeps:
-    s8, s11 = stored.data("08_sweep"), stored.data("11_sweep")
-    schemes8, schemes11 = Sweep(s8).schemes, Sweep(s11).schemes   # Sweep checks the layout
+    parts8, parts11 = stored.parts("08_sweep"), stored.parts("11_sweep")
+    sweep = Sweep(merge_sweeps([stored.results[n] for n in parts8 + parts11], names=parts8 + parts11))
+
+    def schemes_of(parts: list[str]) -> list[str]:
+        return list(dict.fromkeys(r["config"]["scheme"] for n in parts for r in stored.data(n)["runs"]))
+
+    schemes8, schemes11 = schemes_of(parts8), schemes_of(parts11)
     both = sorted(set(schemes8) & set(schemes11))
     if both:
         raise ValueError(f"the schemes {both} are in both chapter 8's and chapter 11's sweeps; one run each is read")
-    cfg = s8["runs"][0]["config"]
+    cfg = stored.data(parts8[0])["runs"][0]["config"]
     recipe = {k: v for k, v in cfg.items() if k not in ("scheme", "seed")}
-    checks = {"chapter 11's sweep evaluated as chapter 8's": s11["eval_config"] == s8["eval_config"],
-              "chapter 11's sweep trained with chapter 8's recipe":
-                  all({k: r["config"].get(k) for k in recipe} == recipe for r in s11["runs"])}
-    evc = s8["eval_config"]
-    multiples = list(evc["multiples"])
-    train_len = cfg["seq_len"]
-    lengths = [m * train_len for m in multiples]
-    runs = {(r["config"]["scheme"], r["config"]["seed"]): r for r in s8["runs"] + s11["runs"]}
-    seeds = sorted({sd for _, sd in runs})
-    missing = [(s, sd) for s in schemes8 + schemes11 for sd in seeds if (s, sd) not in runs]
-    if missing:
-        raise ValueError(f"every scheme needs a run for every seed {seeds}; missing (scheme, seed): {missing}")
-    if multiples[-1] not in evc["passkey_multiples"]:
-        raise ValueError(f"the passkey test must reach the longest multiple {multiples[-1]}, "
-                         f"its multiples are {evc['passkey_multiples']}")
-    i_far = evc["passkey_depths"].index(min(evc["passkey_depths"]))   # the key farthest back
-    i_pk = evc["passkey_multiples"].index(multiples[-1])
+    checks = {"chapter 11's sweep trained with chapter 8's recipe":
+              all({k: r["config"].get(k) for k in recipe} == recipe for n in parts11 for r in stored.data(n)["runs"])}
+    evc = sweep.eval_config
+    if sweep.lengths[-1] not in sweep.passkey_lengths:
+        raise ValueError(f"the passkey test must reach the longest length {sweep.lengths[-1]}, "
+                         f"its lengths are {sweep.passkey_lengths}")
+    i_far, j_last = sweep.depths.index(min(sweep.depths)), sweep.passkey_lengths.index(sweep.lengths[-1])
     schemes = schemes8 + schemes11
-    tail = {s: np.array([[runs[s, sd]["eval"]["bpb"][str(w)]["tail"] for w in lengths] for sd in seeds])
-            for s in schemes}
-    far = {s: np.array([runs[s, sd]["eval"]["passkey"]["gain"][i_pk][i_far] for sd in seeds]) for s in schemes}
-    return LabSweeps(cfg, evc, train_len, multiples, lengths, seeds, schemes8, schemes11, runs, tail,
+    tail = {s: sweep.curve(s, "tail") for s in schemes}
+    far = {s: sweep.passkey(s, "exact_trials")[:, j_last, i_far] for s in schemes}
+    return LabSweeps(sweep, cfg, evc, sweep.train_len, list(sweep.multiples), list(sweep.lengths),
+                     {s: sweep.seeds(s) for s in schemes}, schemes8, schemes11, tail,
                      {s: t.mean(0) for s, t in tail.items()}, far, checks)
+
+
+def _first_protocol(stored: Stored) -> SimpleNamespace:
+    """Chapter 11's first-protocol runs: :data:`FIRST_PROTOCOL` and :data:`FIRST_BASELINES`, their
+    ``seeds``, ``multiples``, ``tail`` (per scheme, ``(seeds, lengths)``), ``mean``, ``tokens``
+    (scored bytes per length) and ``checks`` (one protocol, one recipe, one set of seeds)."""
+    def build() -> SimpleNamespace:
+        new, base = Sweep(stored.data("11_sweep")), Sweep(stored.data("11_baselines"))
+        missing = [s for s in FIRST_PROTOCOL if s not in new.schemes] + [
+            s for s in FIRST_BASELINES if s not in base.schemes]
+        if missing:
+            raise ValueError(f"the first-protocol runs lack the schemes {missing}")
+        cfg_new, cfg_base = new.data["runs"][0]["config"], base.data["runs"][0]["config"]
+        same = [k for k in cfg_base if k not in ("scheme", "seed")]
+        checks = {"first protocol: one evaluation for both files": new.eval_config == base.eval_config,
+                  "first protocol: one recipe for both files": all(cfg_new.get(k) == cfg_base[k] for k in same)}
+        tail = {s: (new if s in FIRST_PROTOCOL else base).curve(s, "tail") for s in FIRST_PROTOCOL + FIRST_BASELINES}
+        seeds = sorted({sd for s in FIRST_PROTOCOL for sd in new.seeds(s)})
+        checks["first protocol: every scheme has the same seeds"] = all(
+            (new if s in FIRST_PROTOCOL else base).seeds(s) == seeds for s in FIRST_PROTOCOL + FIRST_BASELINES)
+        return SimpleNamespace(seeds=seeds, multiples=list(new.multiples), tail=tail,
+                               mean={s: t.mean(0) for s, t in tail.items()},
+                               tokens=new.eval_config.get("tokens"), checks=checks)
+    return _memo(stored, "first", build)
 
 
 def _bench(stored: Stored) -> SimpleNamespace:
@@ -508,12 +603,13 @@ def _lab_scheme(lab: LabSweeps, s: str) -> Any:
 
 
 def _schemes(stored: Stored) -> SimpleNamespace:
-    """Each lab scheme's attention ``path`` at the benchmark's length, and its ``hooks``."""
+    """Each lab scheme's attention ``path`` at the benchmark's length, and its ``hooks`` (the
+    sweeps' schemes and :data:`FIRST_PROTOCOL`)."""
     def build() -> SimpleNamespace:
         lab, length = lab_sweeps(stored), _bench(stored).seq_len
         cfg = lab.config
         q = torch.zeros(1, cfg["n_heads"], length, cfg["d_model"] // cfg["n_heads"])
-        built = {s: _lab_scheme(lab, s) for s in lab.schemes}
+        built = {s: _lab_scheme(lab, s) for s in lab.schemes + list(FIRST_PROTOCOL)}
         return SimpleNamespace(path={s: attention_path(q, q, q, sch, causal=True) for s, sch in built.items()},
                                hooks={s: ",".join(sch.hooks()) for s, sch in built.items()})
     return _memo(stored, "schemes", build)
@@ -527,23 +623,32 @@ def _schemes(stored: Stored) -> SimpleNamespace:
 def provenance(stored: Stored) -> Section:
     """The stored results with the command that wrote each
     (:func:`companion.utils.shown_command`), its date,
-    CPU and torch version.
+    CPU and torch version: one line per command (a CSV and the JSON its command wrote beside
+    it share the line, ``name.csv + .json``).
 
     Raises:
         TypeError: ``stored`` is not a :class:`Stored`.
     """
     _check_stored(stored)
-    prov = {f"{n}.json": r["provenance"] for n, r in stored.results.items()}
-    prov.update({f"{n}.csv": t[0] for n, t in stored.tables.items()})
+    prov = {(n, "json"): r["provenance"] for n, r in stored.results.items()}
+    prov.update({(n, "csv"): t[0] for n, t in stored.tables.items()})
     for name in ("bases", "abf", "hybrids"):   # chapter 13's runs (recipe_rules)
         path = stored.data_dir / RECIPE_DIR / f"{name}.json"
         if path.is_file():
-            prov[f"{RECIPE_DIR}/{name}.json"] = load_result(path)["provenance"]
+            prov[f"{RECIPE_DIR}/{name}", "json"] = load_result(path)["provenance"]
+
+    def paired(stem: str) -> bool:   # a CSV whose command also wrote the JSON beside it
+        return {(stem, "csv"), (stem, "json")} <= set(prov) and \
+            prov[stem, "csv"].get("command") == prov[stem, "json"].get("command")
+
     lines = []
-    for name in sorted(prov):
-        p = prov[name]
+    for stem, ext in sorted(prov):
+        if ext == "json" and paired(stem):
+            continue   # shown on its CSV's line
+        p = prov[stem, ext]
         cpu = p.get("cpu_model") or p["machine"]
-        lines.append(f"{name}: {shown_command(p['command'])} ({p['date_utc'][:10]}, {cpu}, torch {p['torch']})")
+        shown = f"{stem}.{ext}" + (" + .json" if paired(stem) else "")
+        lines.append(f"{shown}: {shown_command(p['command'])} ({p['date_utc'][:10]}, {cpu}, torch {p['torch']})")
     return Section(lines)
 
 
@@ -555,16 +660,23 @@ def models(stored: Stored) -> Section:
         ValueError: as :func:`lab_sweeps`.
     """
     lab = lab_sweeps(_check_stored(stored))
-    cfg, mult = lab.config, lab.multiples
-    params = lab.runs["nope", lab.seeds[0]]["parameters"]
+    first = _first_protocol(stored)
+    cfg, mult, evc = lab.config, lab.multiples, lab.eval_config
+    params = lab.sweep.runs["nope", lab.seeds["nope"][0]]["parameters"]
+    counts = sorted({len(v) for v in lab.seeds.values()})
+    n_seeds = f"{counts[0]} to {counts[-1]}" if len(counts) > 1 else f"{counts[0]}"
+    tokens = evc["windows"] * TAIL
     line = (f"lab model: {cfg['n_layers']} layers of width {cfg['d_model']}, {cfg['n_heads']} heads, "
             f"{params:,} parameters without a position scheme; trained for {cfg['steps']} "
-            f"steps at {lab.train_len} bytes, batch {cfg['batch_size']}, seeds {lab.seeds}; evaluated at "
-            + ", ".join(f"{m}x" for m in mult) + f"; loss on the last {TAIL} positions")
-    facts = {"tail": TAIL, "lab_params": f"{params:,}", "lab_len": lab.train_len, "lab_seeds": len(lab.seeds),
+            f"steps at {lab.train_len} bytes, batch {cfg['batch_size']}, {n_seeds} seeds per scheme; "
+            f"evaluated at " + ", ".join(f"{m}x" for m in mult) + f" on {evc['windows']:,} windows "
+            f"({tokens:,} scored bytes per length, in {evc['blocks']} blocks); loss on the last {TAIL} positions")
+    facts = {"tail": TAIL, "lab_params": f"{params:,}", "lab_len": lab.train_len, "lab_seeds": n_seeds,
+             "lab_tokens": f"{tokens:,}", "lab_blocks": evc["blocks"], "lab_trials": evc["passkey_trials"],
+             "first_seeds": len(first.seeds), "first_tokens": f"{first.tokens:,}",
              "mult_lo": f"{mult[0]}x", "mult_hi": f"{mult[-1]}x",
              "smol_model": stored.data("10_llamacpp")["model"].split(".")[0]}
-    return Section([line], facts, dict(lab.checks))
+    return Section([line], facts, {**lab.checks, **first.checks})
 
 
 #: What loads into each scheme of the lab (the encoder table's checkpoints column).
@@ -601,16 +713,17 @@ def encoder_table(stored: Stored) -> Section:
     """
     lab = lab_sweeps(_check_stored(stored))
     bench, path = _bench(stored), _schemes(stored).path
-    i1, seed0 = lab.i1, lab.seeds[0]
+    i1 = lab.i1
+    runs = lab.sweep.runs
     unknown = [s for s in lab.schemes8 if s not in _CHECKPOINTS]
     if unknown:
         raise ValueError(f"no checkpoints entry for the schemes {unknown}; the guide knows {list(_CHECKPOINTS)}")
     checks = {f"{s} benchmarked on the dispatcher's path": bench.speed(s)["path"] == path[s] for s in lab.schemes8}
-    params_nope = lab.runs["nope", seed0]["parameters"]
+    params_nope = runs["nope", lab.seeds["nope"][0]]["parameters"]
     rows = []
     for s in sorted(lab.schemes8, key=lambda s: lab.mean[s][i1]):
         b = bench.speed(s)
-        extra = lab.runs[s, seed0]["parameters"] - params_nope
+        extra = runs[s, lab.seeds[s][0]]["parameters"] - params_nope
         backed = chapter_link(8, "*The result: bits per byte against length* (table and figure)")
         if s in _CORE_NAME:
             c = bench.core[_CORE_NAME[s]]
@@ -620,13 +733,13 @@ def encoder_table(stored: Stored) -> Section:
             layer = "as NoPE: it acts on the embeddings"
         else:
             layer = "the baseline" if s == "nope" else "not measured"
-        mean1 = _f2(lab.mean[s][i1])
+        mean1 = f"{_f2(lab.mean[s][i1])} ({len(lab.seeds[s])} seeds)"
         rows.append([scheme_label(s), mean1, f"{extra:,}", f"{b['ratio_to_nope']:.2f}x (`{b['path']}`)", layer,
                      _CHECKPOINTS[s], backed])
-    header = ["option", f"loss at the training length (bits/byte, L = {lab.train_len})",
+    header = ["option", f"loss at the training length (bits/byte, L = {lab.train_len}), seed mean",
               "extra parameters (lab model)", f"training tokens/s vs NoPE (L = {bench.seq_len}), path",
               f"one attention layer vs NoPE (L = {bench.seq_len})", "checkpoints", "backed by"]
-    facts = {"enc_learned_rows": f"{lab.runs['learned', seed0]['config']['max_len']:,}",
+    facts = {"enc_learned_rows": f"{runs['learned', lab.seeds['learned'][0]]['config']['max_len']:,}",
              "bench_len": bench.seq_len}
     return Section([], facts, checks, {"table_encoder": Table(header, rows)})
 
@@ -634,17 +747,22 @@ def encoder_table(stored: Stored) -> Section:
 def decoder_table(stored: Stored) -> Section:
     """A long-context decoder trained from scratch: chapters 8 and 11's schemes at every length.
 
-    Two tables, the same rows in the same order (sorted by the loss at the longest length):
-    ``table_decoder_loss``, the mean loss at each multiple of the training length and chapter
-    8's :func:`verdict`; ``table_decoder_cost``, the passkey gain of the key farthest back at
-    the longest length (mean and range over seeds), the training speed against NoPE (chapter
-    8's schemes), the attention path and the chapter that backs the row. Nothing is printed.
+    Three tables. ``table_decoder_loss`` and ``table_decoder_cost`` have the same rows in the
+    same order (sorted by the loss at the longest length): the first the mean loss at each
+    multiple of the training length and chapter 8's :func:`verdict` with the rise to the
+    longest length (its 95% interval over the blocks, :meth:`LabSweeps.rise`); the second the
+    seeds, the share of farthest keys copied exactly at the longest length (pooled over the
+    seeds, Wilson 95%), the training speed against NoPE (chapter 8's schemes), the attention
+    path and the chapter that backs the row. ``table_decoder_first`` shows the four schemes
+    chapter 11 ran only with its first protocol (:data:`FIRST_PROTOCOL`), beside that
+    protocol's baselines, each cell the two seeds. Nothing is printed.
 
     Raises:
         TypeError: ``stored`` is not a :class:`Stored`.
         ValueError: as :func:`lab_sweeps`, or T5, Shaw or Transformer-XL missing from the benchmark.
     """
     lab = lab_sweeps(_check_stored(stored))
+    first = _first_protocol(stored)
     bench, path = _bench(stored), _schemes(stored).path
     mult, last = lab.multiples, lab.i_last
     rows = []
@@ -653,14 +771,23 @@ def decoder_table(stored: Stored) -> Section:
         cost = f"{b['ratio_to_nope']:.2f}x" if b else "not measured"
         where = (chapter_link(8, "*The result* (figure) and *Retrieval: a passkey at every depth*")
                  if s in lab.schemes8 else chapter_link(11, "*The lab: every newer scheme* (table and figure)"))
-        v = verdict(lab.tail[s], mult)
+        v = f"{verdict(lab.tail[s], mult)}, {lab.rise(s).format(2)}"
         rows.append([scheme_label(s)] + [_f2(x) for x in lab.mean[s]]
-                    + [v, _span(lab.far_passkey[s]), cost, f"`{path[s]}`", where])
+                    + [v, str(len(lab.seeds[s])), lab.far_rate(s).format(2), cost, f"`{path[s]}`", where])
     header = (["scheme"] + [f"{m}x" for m in mult]
-              + ["verdict", f"passkey gain, farthest key at {mult[-1]}x (bits/digit), mean [range]",
+              + [f"verdict; rise to {mult[-1]}x [95%]", "seeds",
+                 f"farthest key copied at {mult[-1]}x, pooled [95%]",
                  f"training tokens/s vs NoPE (L = {bench.seq_len})", "path", "backed by"])
     n = len(mult) + 2   # the label, the losses and the verdict
     tables = _split(header, rows, {"table_decoder_loss": range(1, n), "table_decoder_cost": range(n, len(header))})
+    first_rows = []
+    for s in sorted(first.tail, key=lambda s: first.mean[s][-1]):
+        label = scheme_label(s) + ("" if s in FIRST_PROTOCOL else " (baseline)")
+        first_rows.append([label] + [" / ".join(_f2(v) for v in col) for col in first.tail[s].T]
+                          + [verdict(first.tail[s], first.multiples)])
+    tables["table_decoder_first"] = Table(
+        ["scheme"] + [f"{m}x, seeds {' / '.join(map(str, first.seeds))}" for m in first.multiples] + ["verdict"],
+        first_rows)
     facts = {"flat_bits": f"{FLAT_BITS:g}", "t5_speed": f"{bench.speed('t5')['ratio_to_nope']:.2f}",
              "ref_speed": f"{max(bench.speed(s)['ratio_to_nope'] for s in ('shaw', 'xl')):.2f}",
              "break_bits": f"{BREAK_BITS:g}"}
@@ -668,23 +795,41 @@ def decoder_table(stored: Stored) -> Section:
 
 
 def _extension(stored: Stored) -> SimpleNamespace:
-    """Chapter 9's run: ``get(method, s, steps, length=None)`` (one value per seed, at ``s`` times
-    the training length by default), its ``seeds``, ``factors``, ``methods``, ``ft`` (the
-    longest fine-tune), ``s_mid`` (the middle factor) and ``head_dim``."""
+    """Chapter 9's run (the parts in ``09_extension/``, merged by
+    :func:`companion.lab.results.merge_extensions`): ``ext`` (the
+    :class:`~companion.lab.results.Extension`); ``get(method, s, steps, length=None,
+    seeds=None)``, one value per seed at ``s`` times the training length by default, and
+    ``blocks`` with the same arguments, ``(seeds, blocks)``; its ``factors``, ``methods``,
+    ``ft`` (the longest fine-tune), ``s_ft`` (the factor it was run at), ``tuned_methods``
+    (the methods fine-tuned there), ``tuned_seeds`` (the seeds all of them have), ``s_mid`` (the middle factor), ``length`` (the training
+    length) and ``head_dim``."""
     def build() -> SimpleNamespace:
         lab = lab_sweeps(stored)
-        rows = stored.rows("09_extension")
-        ext = Extension(rows, stored.data("09_extension"))
-        seeds = sorted({int(r["seed"]) for r in rows})
+        parts = [n for n in stored.parts("09_extension") if n in stored.tables]
+        rows, data = merge_extensions([(*stored.tables[n], stored.data(n)) for n in parts], names=parts)
+        ext = Extension(rows, data)
+        length = lab.train_len
 
-        def get(m: str, s: float, ft: int, length: int | None = None) -> np.ndarray:
-            length = int(s * lab.train_len) if length is None else length    # by default the target s L
-            return ext.get(m, s, ft, "bpb_tail", length, seeds=seeds)
+        def get(m: str, s: float, ft: int, length: int | None = None,
+                seeds: Sequence[int] | None = None) -> np.ndarray:
+            w = int(s * lab.train_len) if length is None else length    # by default the target s L
+            return ext.get(m, s, ft, "bpb_tail", w, seeds=seeds)
 
-        factors = ext.factors
-        return SimpleNamespace(get=get, seeds=seeds, factors=factors, methods=ext.methods, ft=max(ext.steps),
-                               s_mid=factors[len(factors) // 2],
-                               head_dim=lab.config["d_model"] // lab.config["n_heads"])
+        def blocks(m: str, s: float, ft: int, length: int | None = None,
+                   seeds: Sequence[int] | None = None) -> np.ndarray:
+            w = int(s * lab.train_len) if length is None else length
+            return ext.blocks(m, s, ft, "tail", w, seeds=seeds)
+
+        factors, ft = ext.factors, max(ext.steps)
+        tuned = [s for s in factors if ext.seeds("none", s, ft)]
+        if len(tuned) != 1:
+            raise ValueError(f"chapter 9's run must fine-tune {ft} steps at one factor, got {tuned}")
+        s_ft = tuned[0]
+        tuned_methods = [m for m in ext.methods if ext.seeds(m, s_ft, ft)]
+        tuned_seeds = sorted(set.intersection(*(set(ext.seeds(m, s_ft, ft)) for m in tuned_methods)))
+        return SimpleNamespace(ext=ext, get=get, blocks=blocks, factors=factors, methods=ext.methods, ft=ft,
+                               s_ft=s_ft, tuned_methods=tuned_methods, tuned_seeds=tuned_seeds, s_mid=factors[len(factors) // 2],
+                               length=length, data=data, head_dim=lab.config["d_model"] // lab.config["n_heads"])
     return _memo(stored, "extension", build)
 
 
@@ -702,12 +847,13 @@ def extension_lab_table(stored: Stored) -> Section:
     """Extending the lab's RoPE model: chapter 9's methods at each factor, as is and fine-tuned.
 
     Two tables, one row per method: ``table_extend_lab_as_is``, tail bits per byte at ``s``
-    times the training length for each factor ``s`` as is, and at the training length when set
-    up for the middle factor; ``table_extend_lab_tuned``, the same after the longest fine-tune,
-    the config's ``rope_type``, what llama.cpp makes of it and the chapter that backs the row.
-    The lines say what the numbers are and compare the unscaled model with chapter 8's. Checks:
-    chapter 9's seeds are chapter 8's, and its command took the default number of validation
-    bytes.
+    times the training length for each factor ``s``, as is (the mean of the seeds), and at
+    the training length when set up for the middle factor; ``table_extend_lab_tuned``, the
+    same at the factor of the fine-tunes after the longest one (the mean of the seeds every
+    method has there), the config's ``rope_type``, what llama.cpp makes of it and the chapter
+    that backs the row. The lines say what the numbers are and compare the unscaled model with
+    chapter 8's. Checks: chapter 9's models have chapter 8's RoPE seeds, and it scored chapter
+    8's windows in chapter 8's blocks.
 
     Raises:
         TypeError: ``stored`` is not a :class:`Stored`.
@@ -715,33 +861,35 @@ def extension_lab_table(stored: Stored) -> Section:
     """
     lab = lab_sweeps(_check_stored(stored))
     x = _extension(stored)
-    length, ft, s_mid = lab.train_len, x.ft, x.s_mid
-    command = stored.tables["09_extension"][0]["command"]
-    checks = {"chapter 9's seeds are chapter 8's": x.seeds == lab.seeds,
-              "chapter 9's run took the default validation bytes": "--tokens" not in command}
-    n_eval = sorted({r["evaluations"] for r in stored.data("09_extension")["searches"]})
+    length, ft, s_mid, s_ft = lab.train_len, x.ft, x.s_mid, x.s_ft
+    xc, evc = x.data["extend_config"], lab.eval_config
+    checks = {"chapter 9's seeds are chapter 8's RoPE seeds": x.ext.seeds("none", 1.0, 0) == lab.seeds["rope"],
+              "chapter 9 scored chapter 8's windows and blocks": all(xc.get(k) == evc[k] for k in
+                                                                    ("windows", "blocks", "multiples"))}
+    n_eval = sorted({r["evaluations"] for r in x.data["searches"]})
     rows = []
     for m in x.methods:
         conf = method_config(m, s_mid, length, x.head_dim)
         note = f"; a search of {n_eval[0]} evaluations per model and factor" if m == "longrope" else ""
-        cells = []
-        for s in x.factors:
-            cells += [_f2(x.get(m, s, 0).mean()), _f2(x.get(m, s, ft).mean())]
+        as_is = [_f2(x.get(m, s, 0).mean()) for s in x.factors]
         at_l = _f2(x.get(m, s_mid, 0, length=length).mean())
-        rows.append([METHOD_LABELS[m]] + cells + [at_l, f"`{conf['rope_type']}`",
+        tuned = _f2(x.get(m, s_ft, ft, seeds=x.tuned_seeds).mean()) if m in x.tuned_methods else "not fine-tuned"
+        rows.append([METHOD_LABELS[m]] + as_is + [at_l, tuned, f"`{conf['rope_type']}`",
                      _llama_cpp_note(conf, x.head_dim, length) + note,
                      chapter_link(9, "*Measuring them* (table and figure)")])
-    header = (["method"] + [f"s = {s:g}, {h}" for s in x.factors for h in ("as is", f"+{ft} steps")]
-              + [f"at L = {length}, set up for s = {s_mid:g}", "config", "llama.cpp", "backed by"])
-    n = 2 * len(x.factors)   # the columns of the losses at s L, as is and fine-tuned in turn
-    tables = _split(header, rows, {"table_extend_lab_as_is": [*range(1, n + 1, 2), n + 1],
-                                   "table_extend_lab_tuned": [*range(2, n + 1, 2), *range(n + 2, len(header))]})
-    sweep_tokens = lab.eval_config["tokens"]
-    lines = [f"bits per byte at s x {length} (as is, then after {ft} steps), and at {length}",
-             f"the unscaled model at L: {_f2(x.get('none', 1.0, 0, length=length).mean())} here, on "
-             f"{_EXTENSION_TOKENS:,} validation bytes per length; {_f2(lab.mean['rope'][lab.i1])} in chapter 8, "
-             f"on {sweep_tokens:,}"]
-    facts = {"ext_tokens": f"{_EXTENSION_TOKENS:,}", "sweep_tokens": f"{sweep_tokens:,}"}
+    tuned_head = f"s = {s_ft:g}, +{ft} steps (seeds {', '.join(map(str, x.tuned_seeds))})"
+    header = (["method"] + [f"s = {s:g}, as is" for s in x.factors]
+              + [f"at L = {length}, set up for s = {s_mid:g}", tuned_head, "config", "llama.cpp", "backed by"])
+    n = len(x.factors) + 1   # the label's neighbours: the as-is losses and the cost at L
+    tables = _split(header, rows, {"table_extend_lab_as_is": range(1, n + 1),
+                                   "table_extend_lab_tuned": range(n + 1, len(header))})
+    none_l, rope_l = x.get("none", 1.0, 0, length=length), lab.tail["rope"][:, lab.i1]
+    lines = [f"bits per byte at s x {length} as is, mean of seeds {x.ext.seeds('none', 1.0, 0)}; and at "
+             f"{length}; fine-tuned at s = {s_ft:g} for {ft} steps",
+             f"the unscaled model at L: {_f2(none_l.mean())} here, {_f2(rope_l.mean())} in chapter 8, on the same "
+             f"{evc['windows'] * TAIL:,} bytes (chapter 9 trained its models again with chapter 8's recipe)"]
+    facts = {"ext_none_l": _f2(none_l.mean()), "ext_rope_l": _f2(rope_l.mean()), "ext_s_ft": f"{s_ft:g}",
+             "ext_ft": ft, "ext_tuned_seeds": len(x.tuned_seeds)}
     return Section(lines, facts, checks, tables)
 
 
@@ -838,21 +986,42 @@ def smol_passkey(stored: Stored) -> Section:
 
 
 def _trainfree(stored: Stored) -> SimpleNamespace:
-    """Chapter 11's training-free methods on the lab model: ``runs`` by seed, ``tf`` (per method,
-    ``(seeds, lengths)`` tail bits per byte), ``plain_gap`` (the largest difference of its
-    plain RoPE from chapter 8's) and ``data``."""
+    """Chapter 11's training-free methods on the lab model (the parts in ``11_trainfree_lab/``):
+    ``runs`` by seed, ``seeds``, ``tf`` (per method and ``"plain"``, ``(seeds, lengths)`` tail
+    bits per byte), ``blocks(name, multiple)`` (``(seeds, blocks)``), ``far_rate(name)`` (the
+    Wilson interval of the farthest keys copied at the longest length), ``plain_gap_1x`` (the
+    largest difference of its plain RoPE from chapter 8's at the training length, seed by seed)
+    and ``data``."""
     def build() -> SimpleNamespace:
         lab = lab_sweeps(stored)
-        data = stored.data("11_trainfree_lab")
-        runs = sorted(data["runs"], key=lambda r: r["seed"])
-        if [r["seed"] for r in runs] != lab.seeds or data["multiples"] != lab.multiples:
-            raise ValueError(f"chapter 11's training-free run must have chapter 8's seeds {lab.seeds} and "
-                             f"multiples {lab.multiples}, got {[r['seed'] for r in runs]} and {data['multiples']}")
-        tf = {n: np.array([[r["methods"][n]["bpb"][str(w)]["tail"] for w in lab.lengths] for r in runs])
-              for n in TRAINFREE_LABELS}
-        gap = max(abs(r["plain"][str(w)]["tail"] - lab.runs["rope", r["seed"]]["eval"]["bpb"][str(w)]["tail"])
-                  for r in runs for w in lab.lengths)   # plain RoPE in this file is chapter 8's model
-        return SimpleNamespace(runs=runs, tf=tf, plain_gap=gap, data=data)
+        parts = [stored.data(n) for n in stored.parts("11_trainfree_lab")]
+        data = parts[0]
+        runs = sorted((r for p in parts for r in p["runs"]), key=lambda r: r["seed"])
+        seeds = [r["seed"] for r in runs]
+        bad = [p["multiples"] for p in parts if p["multiples"] != lab.multiples]
+        if bad or not set(seeds) <= set(lab.seeds["rope"]) or len(set(seeds)) != len(seeds):
+            raise ValueError(f"chapter 11's training-free runs must have chapter 8's multiples {lab.multiples} and "
+                             f"distinct seeds among its RoPE seeds {lab.seeds['rope']}, got {seeds} and "
+                             f"{[p['multiples'] for p in parts]}")
+
+        def entry(r: dict[str, Any], n: str, w: int) -> dict[str, Any]:
+            return r["plain"][str(w)] if n == "plain" else r["methods"][n]["bpb"][str(w)]
+
+        tf = {n: np.array([[entry(r, n, w)["tail"] for w in lab.lengths] for r in runs])
+              for n in ("plain", *TRAINFREE_LABELS)}
+
+        def blocks(n: str, multiple: int) -> np.ndarray:
+            return np.array([entry(r, n, multiple * lab.train_len)["tail_blocks"] for r in runs])
+
+        def far_rate(n: str) -> Any:   # the farthest key copied exactly at the longest length, pooled
+            far = str(min(data["passkey_depths"])).removesuffix(".0")
+            hits = [h for r in runs for h in r["methods"][n]["passkey"][str(lab.lengths[-1])][far]["exact"]]
+            return proportion_ci(int(sum(hits)), len(hits))
+
+        rope = lab.tail["rope"][[lab.seeds["rope"].index(sd) for sd in seeds], lab.i1]
+        gap = float(np.abs(tf["plain"][:, lab.i1] - rope).max())
+        return SimpleNamespace(runs=runs, seeds=seeds, tf=tf, blocks=blocks, far_rate=far_rate, plain_gap_1x=gap,
+                               data=data)
     return _memo(stored, "trainfree", build)
 
 
@@ -863,10 +1032,11 @@ def streaming_lab_table(stored: Stored) -> Section:
     Two tables, one row per method: ``table_stream_lab_loss``, the mean tail bits per byte at
     each length; ``table_stream_lab_memory``, the largest distance RoPE sees at the longest
     length and what the method keeps in memory, what it needs of a checkpoint and the chapter
-    that backs the row. Nothing is printed. Checks: its plain RoPE is chapter 8's
-    model (within 1e-3 bits), every seed ran with the same settings, and every method keeps RoPE
-    inside the trained range (a sink cache's reach by :func:`companion.longctx.trainfree_reach`,
-    checked against the reach chapter 11 stored for SmolLM2).
+    that backs the row. The line names the seeds. Checks: its plain RoPE is chapter 8's recipe
+    and seeds (within 0.05 bits of chapter 8's at the training length), every seed ran with
+    the same settings, and every method keeps RoPE inside the trained range (a sink cache's
+    reach by :func:`companion.longctx.trainfree_reach`, checked against the reach chapter 11
+    stored for SmolLM2).
 
     Raises:
         TypeError: ``stored`` is not a :class:`Stored`.
@@ -876,7 +1046,7 @@ def streaming_lab_table(stored: Stored) -> Section:
     t = _trainfree(stored)
     w_last = lab.lengths[-1]
     smol_sinks = stored.data("11_trainfree_ppl")["trainfree"]["sinks"]
-    checks = {"its plain RoPE is chapter 8's": t.plain_gap < 1e-3,
+    checks = {"its plain RoPE is chapter 8's at the training length": t.plain_gap_1x < 0.05,
               "the sink reach rule gives SmolLM2's stored reach":
                   _sink_reach(smol_sinks, _smol(stored).length) == smol_sinks["reach"]}
 
@@ -900,11 +1070,10 @@ def streaming_lab_table(stored: Stored) -> Section:
 
     rows = []
     for n, label in [("plain", "plain RoPE")] + list(TRAINFREE_LABELS.items()):
-        arr = lab.tail["rope"] if n == "plain" else t.tf[n]
         cell = f"{w_last - 1}; every key is read" if n == "plain" else memory_cell(n)
-        rows.append([label] + [_f2(v) for v in arr.mean(0)]
+        rows.append([label] + [_f2(v) for v in t.tf[n].mean(0)]
                     + [cell, "any RoPE checkpoint, no training", chapter_link(11, "*On the lab model*")])
-    rows.append(["ALiBi, trained from scratch"] + [_f2(v) for v in lab.mean["alibi"]]
+    rows.append([f"ALiBi, trained from scratch ({len(lab.seeds['alibi'])} seeds)"] + [_f2(v) for v in lab.mean["alibi"]]
                 + ["no rotation; every key is read", "needs a model trained with it",
                    chapter_link(8, "*The result*")])
     header = (["method"] + [f"{m}x" for m in lab.multiples]
@@ -912,7 +1081,9 @@ def streaming_lab_table(stored: Stored) -> Section:
     n = len(lab.multiples) + 1   # the label and the losses
     tables = _split(header, rows, {"table_stream_lab_loss": range(1, n),
                                    "table_stream_lab_memory": range(n, len(header))})
-    return Section([], {}, checks, tables)
+    line = (f"RoPE models of seeds {' and '.join(map(str, t.seeds))} (chapter 8's recipe); plain RoPE within "
+            f"{t.plain_gap_1x:.2f} bits of chapter 8's at 1x")
+    return Section([line], {"tf_seeds": " and ".join(map(str, t.seeds))}, checks, tables)
 
 
 def _smol_trainfree(stored: Stored) -> SimpleNamespace:
@@ -1077,7 +1248,7 @@ def kernel_table(stored: Stored) -> Section:
                          if s in lab.schemes8)
 
     families: dict[tuple[str, str], list[str]] = {}
-    for s in lab.schemes:
+    for s in lab.schemes + list(FIRST_PROTOCOL):
         families.setdefault((sch.hooks[s], sch.path[s]), []).append(s)
     rows = []
     for (hook, p), names in sorted(families.items()):
@@ -1093,7 +1264,7 @@ def kernel_table(stored: Stored) -> Section:
         if hook == "score":
             measured += ("; a layer's peak memory is NoPE's plus one float32 (heads, L, L) tensor "
                          + chapter_link(4, "*Cost per layer*"))
-        rows.append([", ".join(scheme_label(s) for s in names), f"`{hook or 'none'}`", f"`{p}`", _KERNEL[hook],
+        rows.append(["; ".join(scheme_label(s) for s in names), f"`{hook or 'none'}`", f"`{p}`", _KERNEL[hook],
                      measured, "stored" if gpu_stored else "not measured: no stored GPU run", chapter_link(7)])
     header = ["schemes", "hook", f"CPU path (L = {bench.seq_len})", "fused GPU kernel", "stored CPU measurement",
               "GPU speed", "backed by"]
@@ -1105,41 +1276,74 @@ def kernel_table(stored: Stored) -> Section:
                    {"table_kernels": Table(header, rows)})
 
 
+def _grid_compare(g: SimpleNamespace, a: str, b: str, grid: str) -> Any:
+    """Chapter 12's comparison of two grid schemes at one size: the interval of the mean
+    difference of their held-out accuracy, resampling the seeds and the held-out grids (a
+    two-stage bootstrap, :func:`companion.lab.stats.bootstrap_ci` with ``resample_rows``)."""
+    runs = {(r["scheme"], r["seed"]): r for r in g.data["runs"]}
+    seeds = sorted({r["seed"] for r in g.data["runs"]})
+
+    def hits(name: str) -> np.ndarray:
+        return np.stack([grid_task.unpack_hits(runs[name, sd]["hits"]["full"][grid],
+                                               runs[name, sd]["evaluated"]["full"][grid]) for sd in seeds]).astype(float)
+    return bootstrap_ci(hits(a) - hits(b), resample_rows=True)
+
+
 def rules_of_thumb(stored: Stored) -> Section:
-    """The appendix's rules of thumb, each computed from the stored results, on every seed.
+    """The appendix's rules of thumb, each computed from the stored results, checked seed by
+    seed and with a 95% interval.
 
     ``checks`` holds one entry per rule (``True`` where the stored data bear it out) and
-    ``facts`` the numbers the rules quote, by glue name. The rules:
+    ``facts`` the numbers the rules quote, by glue name: an interval is a 95% bootstrap interval
+    over the scored blocks of the seed means (:meth:`LabSweeps.gap`), a Wilson interval for a
+    share of passkey trials (:meth:`LabSweeps.far_rate`), a two-stage bootstrap over documents
+    or seeds and held-out grids where the chapter uses one. The rules:
 
     * *fixed length*: at the training length RoPE, T5, Shaw and Transformer-XL beat the
-      absolute tables and ALiBi by more than 0.05 bits on every seed; RoPE trains at more than
-      0.9 times NoPE's speed, Shaw and Transformer-XL at less than 0.25;
-    * *flat from scratch*: exactly ALiBi, Shaw, Transformer-XL and both Kerple forms are flat
-      (:func:`verdict`), both Kerples beat ALiBi at every other length on every seed, and ALiBi
-      trains at more than 0.9 times NoPE's speed;
-    * *rotary breaks*: RoPE, p-RoPE, RoPE with NoPE layers and the absolute tables break;
-    * *flat is not memory*: ALiBi and Kerple (power) gain less than 0.5 bits per digit from the
-      farthest key on every seed, Shaw more than 2;
-    * *no fine-tune: YaRN*: YaRN and LongRoPE are the two best at each factor above the
-      smallest on every seed, and YaRN has SmolLM2's best second half on every window;
+      absolute tables and ALiBi by more than 0.05 bits on every seed and by an interval above
+      0.05 for the closest pair; RoPE trains at more than 0.9 times NoPE's speed, Shaw and
+      Transformer-XL at less than 0.25;
+    * *flat from scratch*: ALiBi (fixed or learned slopes), Kerple (log), Shaw,
+      Transformer-XL and the windowed hybrid are flat (:func:`verdict`), each with a rise
+      interval below the flat threshold; Kerple (log) is ahead of fixed ALiBi at the training
+      length (on every seed, by an interval above 0.03) and behind ALiBi with learned slopes
+      at every length (on every seed; by an interval above zero at the training length); NoPE
+      is behind every other scheme at the training length by more than 0.5 bits; ALiBi trains
+      at more than 0.9 times NoPE's speed;
+    * *rotary breaks*: RoPE, both p-RoPEs, RoPE with NoPE layers and the absolute tables break,
+      the smallest of their rises with an interval above the break threshold;
+    * *flat is not memory*: ALiBi (both) and Kerple (log) copy the farthest key at the longest
+      length with a Wilson upper bound below 0.15, while the windowed hybrid copies it with a
+      lower bound above 0.5 and Shaw above 0.1;
+    * *no fine-tune: YaRN*: at each factor above the smallest YaRN and LongRoPE have the two
+      best means, YaRN is among the best two on every seed and ahead of the third by an
+      interval above zero; on SmolLM2 YaRN has the best second half on every window and beats
+      plain RoPE on chapter 10's documents by an interval above zero;
     * *not PI as is*: unfine-tuned PI costs more than 1 bit at the lab model's training length
-      at every factor, and more than doubles SmolLM2's native-half perplexity on every window;
+      at every factor, on every seed and by an interval above 1, and more than doubles
+      SmolLM2's native-half perplexity on every window;
     * *fine-tuned*: after the longest fine-tune every method but PI is within 0.1 bits of
-      fine-tuning with no scaling, on every seed and factor, and PI is worse;
+      fine-tuning with no scaling, on every seed and with its interval inside (-0.1, 0.1), and
+      PI is worse on every seed, by an interval above zero;
     * *llama.cpp*: Dynamic NTK has no llama.cpp counterpart, plain RoPE collapses in llama.cpp
       too, and the others agree with it within 5%;
     * *streaming*: every training-free method beats plain RoPE by more than a bit from 4x on,
-      the sink cache beats ALiBi at the longest length on every seed, re-rotation is worth
-      more than 0.25 bits at 4x, the sinks change the loss by less than 0.01 bits, and on
-      SmolLM2 the sink cache's second half is below YaRN's by less than 5%;
+      on every seed and by an interval above 1 at the longest length; the sink cache beats
+      ALiBi at the longest length on every seed and by an interval above zero; re-rotation is
+      worth more than 0.25 bits at 4x on every seed and by its interval; the sinks change the
+      loss by less than 0.01 bits; on SmolLM2's documents the sink cache's interval against
+      YaRN includes zero; the sink cache copies the farthest key at the longest length with a
+      Wilson upper bound below 0.15, ReRoPE with a lower bound above 0.3;
     * *grids*: a 2-D RoPE has the best mean one size up, both RoPEs beat the resized learned
-      table at every larger grid, axial RoPE's seeds spread more than 0.3 there, the RoPEs
-      score the shifted training grid within 0.01 of the training grid while the absolute
-      tables fall below 0.5, and every scheme loses more than half its accuracy at the largest;
+      table at every larger grid by intervals above zero, the interval of axial RoPE against
+      RoPE-Mixed (base 100) one size up includes zero and axial RoPE's seeds spread more than
+      0.3 there, the RoPEs score the shifted training grid within 0.01 of the training grid
+      while the absolute tables fall below 0.5, and every scheme loses more than half its
+      accuracy at the largest;
     * *kernels*: Shaw, Transformer-XL and CoPE take the reference path, RoPE torch's fused
       causal attention; the blockwise bias holds less than a tenth of the memory of a
       materialised one at the longest length, and ``apply_rope`` beats HuggingFace's eager
-      formula by more than 1.5 times.
+      formula by more than 1.5 times (ratios taken within one benchmark run).
 
     Raises:
         TypeError: ``stored`` is not a :class:`Stored`.
@@ -1147,10 +1351,10 @@ def rules_of_thumb(stored: Stored) -> Section:
     """
     lab = lab_sweeps(_check_stored(stored))
     bench, path = _bench(stored), _schemes(stored).path
-    x, sm, t, st, g, kb = (_extension(stored), _smol(stored), _trainfree(stored), _smol_trainfree(stored),
-                           _grid(stored), _kernel_bench(stored))
-    tail, mean, i1, i16, mult = lab.tail, lab.mean, lab.i1, lab.i_last, lab.multiples
-    far_pk, tf, smol, smol_tf, summ, gmean = lab.far_passkey, t.tf, sm.smol, st.smol_tf, g.summary, g.gmean
+    x, sm, t, g, kb = _extension(stored), _smol(stored), _trainfree(stored), _grid(stored), _kernel_bench(stored)
+    tail, mean, i1, iL, mult = lab.tail, lab.mean, lab.i1, lab.i_last, lab.multiples
+    tf, smol, summ, gmean = t.tf, sm.smol, g.summary, g.gmean
+    label = scheme_label
     rules: dict[str, bool] = {}
     f: dict[str, Any] = {}
 
@@ -1165,97 +1369,153 @@ def rules_of_thumb(stored: Stored) -> Section:
 
     # 1. Fixed length: rotary and relative schemes ahead of the absolute tables and ALiBi; RoPE
     #    nearly free, the score-hook schemes not.
-    gap1 = min(better(b, i1) for b in ("learned", "sinusoidal", "alibi")) - max(worse(a, i1)
-                                                                                for a in ("rope", "t5", "shaw", "xl"))
+    behind, ahead = ("learned", "sinusoidal", "alibi"), ("rope", "t5", "shaw", "xl")
+    gap1 = min(better(b, i1) for b in behind) - max(worse(a, i1) for a in ahead)
+    pairs = {(b, a): lab.gap(b, a, 1) for b in behind for a in ahead}
+    closest = min(pairs, key=lambda k: pairs[k].estimate)
     score_speed = max(ratio(s) for s in ("shaw", "xl"))
-    rules["fixed length"] = gap1 > 0.05 and ratio("rope") > 0.9 and score_speed < 0.25
-    f.update(r_gap1=f"{gap1:.2f}", r_rope_speed=f"{ratio('rope'):.2f}", r_score_speed=f"{score_speed:.2f}")
+    rules["fixed length"] = (gap1 > 0.05 and pairs[closest].above(0.05) and ratio("rope") > 0.9
+                             and score_speed < 0.25)
+    f.update(r_gap1=f"{gap1:.2f}", r_gap1_ci=pairs[closest].format(2),
+             r_gap1_pair=f"{label(closest[1])} against {label(closest[0])}",
+             r_rope_speed=f"{ratio('rope'):.2f}", r_score_speed=f"{score_speed:.2f}")
 
-    # 2. From scratch, beyond the training length: which schemes stay flat; Kerple ahead of ALiBi.
-    flat = [s for s in tail if verdict(tail[s], mult) == "flat"]
-    breaks = [s for s in tail if verdict(tail[s], mult) == "breaks"]
-    best_long = min(tail, key=lambda s: mean[s][i16])
-    kerple_ahead = all(worse(k, i) < better("alibi", i) for k in ("kerple-log", "kerple-power")
-                       for i in range(len(mult)) if i != i1)
-    rules["flat from scratch"] = (set(flat) == {"alibi", "shaw", "xl", "kerple-log", "kerple-power"}
-                                  and kerple_ahead and ratio("alibi") > 0.9 > 0.25 > score_speed)
-    f.update(r_flat=_listing(scheme_label(s) for s in sorted(flat, key=lambda s: mean[s][i16])),
-             r_best_long=f"{scheme_label(best_long)} ({_f2(mean[best_long][i16])})",
-             r_alibi_long=_f2(mean["alibi"][i16]),
-             r_flat_rise=_f2(max((tail[s] - tail[s][:, [i1]]).max() for s in flat)),
-             r_alibi_speed=f"{ratio('alibi'):.2f}")
+    # 2. From scratch, beyond the training length: which schemes stay flat; what Kerple's lead is.
+    verdicts = {s: verdict(tail[s], mult) for s in tail}
+    flat = [s for s, v in verdicts.items() if v == "flat"]
+    breaks = [s for s, v in verdicts.items() if v == "breaks"]
+    must_flat = ("alibi", "alibi-learned", "kerple-log", "shaw", "xl", "rope-window-nope")
+    flat_ci = max((lab.rise(s) for s in must_flat), key=lambda ci: ci.high)
+    by_long = sorted(tail, key=lambda s: mean[s][iL])
+    best_long, runner = by_long[0], by_long[1]
+    kl_alibi, kl_learned = lab.gap("alibi", "kerple-log", 1), lab.gap("kerple-log", "alibi-learned", 1)
+    kl_every = all(((tail["kerple-log"][:, i] - tail["alibi-learned"][:, i]) > 0).all() for i in range(len(mult)))
+    kl_alibi_seeds = better("alibi", i1) > worse("kerple-log", i1)    # every seed of Kerple ahead of every ALiBi's
+    nope_behind = min(better("nope", i1) - worse(s, i1) for s in tail if s != "nope")
+    rules["flat from scratch"] = (set(must_flat) <= set(flat) and flat_ci.high < FLAT_BITS
+                                  and kl_alibi.above(0.03) and kl_alibi_seeds and kl_learned.above(0) and kl_every
+                                  and nope_behind > 0.5 and ratio("alibi") > 0.9)
+    f.update(r_flat="; ".join(label(s) for s in sorted(flat, key=lambda s: mean[s][iL]) if s != "nope"),
+             r_flat_ci=f"{label(must_flat[[lab.rise(s) for s in must_flat].index(flat_ci)])} {flat_ci.format(2)}",
+             r_best_long=f"{label(best_long)} ({_f2(mean[best_long][iL])})",
+             r_best_gap=f"{label(runner)} {lab.gap(runner, best_long).format(2)} behind",
+             r_alibi_long=_f2(mean["alibi"][iL]), r_kl_alibi=kl_alibi.format(2), r_kl_learned=kl_learned.format(3),
+             r_nope_behind=f"{nope_behind:.2f}", r_alibi_speed=f"{ratio('alibi'):.2f}")
 
     # 3. Rotary variants break without an inference-time fix.
-    rules["rotary breaks"] = {"rope", "p-rope", "rope-nope", "learned", "sinusoidal"} <= set(breaks)
-    f.update(r_breaks=_listing(scheme_label(s) for s in breaks), r_rope_long=_f2(mean["rope"][i16]),
-             r_rope1=_f2(mean["rope"][i1]))
+    must_break = ("rope", "p-rope", "p-rope-0.375", "rope-nope", "learned", "sinusoidal")
+    least = min(must_break, key=lambda s: lab.rise(s).estimate)
+    rules["rotary breaks"] = set(must_break) <= set(breaks) and lab.rise(least).above(BREAK_BITS)
+    f.update(r_breaks=_listing(label(s) for s in breaks), r_rope_long=_f2(mean["rope"][iL]),
+             r_rope1=_f2(mean["rope"][i1]), r_break_least=f"{label(least)} {lab.rise(least).format(2)}")
 
     # 4. Flat is not long memory.
-    blind = max(far_pk["alibi"].max(), far_pk["kerple-power"].max())
-    rules["flat is not memory"] = blind < 0.5 and far_pk["shaw"].min() > 2
-    f.update(r_blind_key=_f2(blind), r_shaw_key=_f2(far_pk["shaw"].min()),
-             r_xl_keys=f"{_f2(far_pk['xl'].min())} and {_f2(far_pk['xl'].max())}")
+    blind = ("alibi", "alibi-learned", "kerple-log")
+    blind_high = max(lab.far_rate(s).high for s in blind)
+    window_key, shaw_key = lab.far_rate("rope-window-nope"), lab.far_rate("shaw")
+    rules["flat is not memory"] = blind_high < 0.15 and window_key.low > 0.5 and shaw_key.low > 0.1
+    f.update(r_blind_keys="; ".join(f"{label(s)} {lab.far_rate(s).format(2)}" for s in blind),
+             r_window_key=window_key.format(2), r_shaw_key=shaw_key.format(2),
+             r_xl_key=lab.far_rate("xl").format(2), r_trials=int(lab.far_trials["alibi"].size))
 
     # 5. Stretching without fine-tuning: YaRN or LongRoPE on the lab model, YaRN on SmolLM2.
-    get, factors, ft, s_mid = x.get, x.factors, x.ft, x.s_mid
+    get, blocks, factors, s_mid, L = x.get, x.blocks, x.factors, x.s_mid, lab.train_len
     big = [s for s in factors if s > factors[0]]
-    best_two = [sorted(x.methods, key=lambda m: get(m, s, 0)[i])[:2] for s in big for i in range(len(lab.seeds))]
+    seeds0 = x.ext.seeds("none", 1.0, 0)
+    two = {}
+    third = {}
+    for s in big:
+        by_mean = sorted(x.methods, key=lambda m: get(m, s, 0).mean())
+        two[s] = set(by_mean[:2]) == {"yarn", "longrope"} and all(
+            "yarn" in sorted(x.methods, key=lambda m: get(m, s, 0)[i])[:2] for i in range(len(seeds0)))
+        third[s] = (by_mean[2], difference(blocks(by_mean[2], s, 0), blocks("yarn", s, 0)))
+    yl = difference(blocks("yarn", s_mid, 0), blocks("longrope", s_mid, 0))
     best_smol = {w: min(sm.methods, key=lambda m: sm.ppl[w, m]["second_half"]) for w in sm.windows}
-    rules["no fine-tune: YaRN"] = (all(set(b) == {"yarn", "longrope"} for b in best_two)
-                                   and set(best_smol.values()) == {"yarn"})
+    docs = context_value(stored.rows("10_context"), "yarn", sm.native, baseline="none")
+    rules["no fine-tune: YaRN"] = (all(two.values()) and all(ci.above(0) for _, ci in third.values())
+                                   and set(best_smol.values()) == {"yarn"} and docs["interval"].above(0))
     f.update(r_big=" and ".join(f"s = {s:g}" for s in big), r_yarn_mid=_f2(get("yarn", s_mid, 0).mean()),
              r_none_mid=_f2(get("none", s_mid, 0).mean()), r_s_mid=f"{s_mid:g}",
-             r_yarn_smol=_f2(smol["yarn"]["second_half"]), r_none_smol=_f2(smol["none"]["second_half"]))
+             r_yarn_third="; ".join(f"{METHOD_LABELS[m]} {ci.format(2)} behind at s = {s:g}"
+                                    for s, (m, ci) in third.items()),
+             r_yarn_longrope=yl.format(2),
+             r_longrope_worst=_f2(get("longrope", factors[-1], 0).max()), r_s_last=f"{factors[-1]:g}",
+             r_yarn_smol=_f2(smol["yarn"]["second_half"]), r_none_smol=_f2(smol["none"]["second_half"]),
+             r_yarn_docs=docs["interval"].format(2), r_docs=docs["documents"])
 
     # 6. PI costs the native range when nothing is fine-tuned.
-    length = lab.train_len
-    pi_lab = min(float((get("pi", s, 0, length=length) - get("none", 1.0, 0, length=length)).min()) for s in factors)
+    pi_lab = min(float((get("pi", s, 0, length=L) - get("none", 1.0, 0, length=L)).min()) for s in factors)
+    pi_ci = min((difference(blocks("pi", s, 0, length=L), blocks("none", 1.0, 0, length=L)) for s in factors),
+                key=lambda ci: ci.estimate)
     pi_smol = min(sm.ppl[w, "pi"]["first_half"] / sm.ppl[w, "none"]["first_half"] for w in sm.windows)
-    rules["not PI as is"] = pi_lab > 1.0 and pi_smol > 2.0
-    f.update(r_pi_lab=_f2(pi_lab), r_pi_smol=f"{pi_smol:.1f}")
+    rules["not PI as is"] = pi_lab > 1.0 and pi_ci.above(1.0) and pi_smol > 2.0
+    f.update(r_pi_lab=_f2(pi_lab), r_pi_ci=pi_ci.format(2), r_pi_smol=f"{pi_smol:.1f}")
 
     # 7. With a short fine-tune the method matters little, PI excepted.
-    ft_gap = max(float(np.abs(get(m, s, ft) - get("none", s, ft)).max())
-                 for m in x.methods if m not in ("none", "pi") for s in factors)
-    pi_ft_worse = all((get("pi", s, ft) > get("none", s, ft)).all() for s in factors)
-    rules["fine-tuned"] = ft_gap < 0.1 and pi_ft_worse
-    f.update(r_ft_gap=_f2(ft_gap), r_ft=ft)
+    ft, s_ft, ts = x.ft, x.s_ft, x.tuned_seeds
+    others = [m for m in x.tuned_methods if m not in ("none", "pi")]
+    ft_gap = max(float(np.abs(get(m, s_ft, ft, seeds=ts) - get("none", s_ft, ft, seeds=ts)).max()) for m in others)
+    ft_ci = {m: difference(blocks(m, s_ft, ft, seeds=ts), blocks("none", s_ft, ft, seeds=ts)) for m in others}
+    pi_seeds = sorted(set(x.ext.seeds("pi", s_ft, ft)) & set(x.ext.seeds("none", s_ft, ft)))
+    pi_ft = difference(blocks("pi", s_ft, ft, seeds=pi_seeds), blocks("none", s_ft, ft, seeds=pi_seeds))
+    pi_ft_worse = bool((get("pi", s_ft, ft, seeds=pi_seeds) > get("none", s_ft, ft, seeds=pi_seeds)).all()) \
+        and pi_ft.above(0)
+    rules["fine-tuned"] = (ft_gap < 0.1 and all(-0.1 < ci.low and ci.high < 0.1 for ci in ft_ci.values())
+                           and pi_ft_worse)
+    widest = max(ft_ci, key=lambda m: abs(ft_ci[m].estimate))
+    f.update(r_ft_gap=_f2(ft_gap), r_ft=ft, r_ft_s=f"{s_ft:g}", r_ft_seeds=len(ts),
+             r_ft_widest=f"{METHOD_LABELS[widest]} {ft_ci[widest].format(2)}", r_pi_ft=pi_ft.format(2),
+             r_pi_ft_seeds=len(pi_seeds))
 
     # 8. Tooling: the frequency-only methods translate to llama.cpp, Dynamic NTK does not.
-    no_dyn = llama_cpp_rope_args(method_config("dynamic", s_mid, length, x.head_dim), x.head_dim,
-                                 max_position_embeddings=length) is None
+    no_dyn = llama_cpp_rope_args(method_config("dynamic", s_mid, L, x.head_dim), x.head_dim,
+                                 max_position_embeddings=L) is None
     rules["llama.cpp"] = no_dyn and sm.xc_none and max(sm.xc_rel.values()) < 0.05
     f.update(r_xc=f"{100 * max(sm.xc_rel.values()):.1f}", r_xc_methods=_listing(sm.labels[m] for m in sm.xc_rel))
 
     # 9. Unbounded input on a RoPE model: a re-rotated sink cache.
     i4 = mult.index(4)
-    tf_ahead = all((tf[n][:, i4:] < tail["rope"][:, i4:] - 1).all()
-                   for n in ("rerope", "leaky_rerope", "self_extend", "sinks"))
-    sinks_vs_alibi = tf["sinks"][:, i16].max() < tail["alibi"][:, i16].min()
+    four = ("rerope", "leaky_rerope", "self_extend", "sinks")
+    tf_ci = {n: difference(t.blocks("plain", mult[-1]), t.blocks(n, mult[-1])) for n in four}
+    tf_ahead = all((tf[n][:, i4:] < tf["plain"][:, i4:] - 1).all() and tf_ci[n].above(1) for n in four)
+    sinks_alibi = difference(lab.sweep.blocks("alibi", "tail", lab.lengths[-1]), t.blocks("sinks", mult[-1]))
+    sinks_vs_alibi = tf["sinks"][:, iL].max() < tail["alibi"][:, iL].min() and sinks_alibi.above(0)
     rerot = float((tf["sinks_no_rerotate"][:, i4] - tf["sinks"][:, i4]).min())
+    rerot_ci = difference(t.blocks("sinks_no_rerotate", 4), t.blocks("sinks", 4))
     sink_effect = float(np.abs(tf["sinks"] - tf["window_only"]).max())
-    sink_vs_yarn = 1 - smol_tf["sinks"]["second_half"] / smol_tf["yarn"]["second_half"]
-    rules["streaming"] = (tf_ahead and sinks_vs_alibi and rerot > 0.25 and sink_effect < 0.01
-                          and 0 < sink_vs_yarn < 0.05)
-    f.update(r_sinks_long=_f2(tf["sinks"][:, i16].mean()), r_mult4=f"{mult[i4]}x", r_rerot=_f2(rerot),
-             r_sink_yarn=f"{100 * sink_vs_yarn:.1f}", r_sink_effect=f"{sink_effect:.3f}")
+    sink_docs = context_value(stored.rows("10_context"), "sinks", sm.native, baseline="yarn")
+    sink_key, rerope_key = t.far_rate("sinks"), t.far_rate("rerope")
+    rules["streaming"] = (tf_ahead and sinks_vs_alibi and rerot > 0.25 and rerot_ci.above(0.25)
+                          and sink_effect < 0.01 and not sink_docs["interval"].excludes(0)
+                          and sink_key.high < 0.15 and rerope_key.low > 0.3)
+    least_tf = min(tf_ci, key=lambda n: tf_ci[n].estimate)
+    f.update(r_sinks_long=_f2(tf["sinks"][:, iL].mean()), r_mult4=f"{mult[i4]}x", r_rerot=_f2(rerot),
+             r_rerot_ci=rerot_ci.format(2), r_sinks_alibi=sinks_alibi.format(2),
+             r_tf_least=f"{TRAINFREE_LABELS[least_tf]} {tf_ci[least_tf].format(2)}",
+             r_sink_docs=sink_docs["interval"].format(2), r_sink_effect=f"{sink_effect:.3f}",
+             r_tf_seeds=" and ".join(map(str, t.seeds)), r_sink_key=sink_key.format(2),
+             r_rerope_key=rerope_key.format(2))
 
     # 10. Grids: a 2-D RoPE, for modest growth only, and no reliable winner among the RoPEs.
     grids, g_train, g_last = g.grids, g.train, g.last
     trained = [n for n in _GRID_LABELS if n != "nope"]
     g1 = grids[1]
     ropes_first = max(trained, key=lambda n: gmean[n][g1]) in ("axial", "mixed")
-    over_learned = all(min(gmean["axial"][s], gmean["mixed"][s]) > gmean["learned"][s] for s in grids[1:])
+    over = {(n, sz): _grid_compare(g, n, "learned", sz) for n in ("axial", "mixed") for sz in grids[1:]}
+    over_learned = all(ci.above(0) for ci in over.values())
+    axmix = _grid_compare(g, "axial", "mixed-b100", g1)
     axial = summ["axial"]["by_grid"][g1]
-    shift_ok = all(abs(r["shifted_accuracy"][s] - r["accuracy"][g_train]) <= 0.01
-                   for r in g.data["runs"] if r["scheme"] in ("axial", "mixed") for s in grids[1:])
+    shift_ok = all(abs(r["shifted_accuracy"][sz] - r["accuracy"][g_train]) <= 0.01
+                   for r in g.data["runs"] if r["scheme"] in ("axial", "mixed") for sz in grids[1:])
     abs_shift = max(summ[n]["shifted"][g_last]["mean"] for n in ("learned", "sincos-2d"))
     halved = all(gmean[n][g_train] - gmean[n][g_last] > 0.5 for n in trained)
-    rules["grids"] = (ropes_first and over_learned and axial["max"] - axial["min"] > 0.3 and shift_ok
-                      and abs_shift < 0.5 and halved)
+    rules["grids"] = (ropes_first and over_learned and not axmix.excludes(0) and axial["max"] - axial["min"] > 0.3
+                      and shift_ok and abs_shift < 0.5 and halved)
+    weakest = min(over, key=lambda k: over[k].low)
     f.update(r_axial_g1=_f2(gmean["axial"][g1]), r_mixed_g1=_f2(gmean["mixed"][g1]), r_axial_g1_lo=_f2(axial["min"]),
              r_axial_g1_hi=_f2(axial["max"]), r_grid_best_last=_f2(max(gmean[n][g_last] for n in trained)),
-             r_g1=g1, r_glast=g_last, r_abs_shift=_f2(abs_shift))
+             r_g1=g1, r_glast=g_last, r_abs_shift=_f2(abs_shift), r_axmix=axmix.format(2),
+             r_over_learned=f"{_GRID_LABELS[weakest[0]]} at G = {weakest[1]}, {over[weakest].format(2)}")
 
     # 11. Kernels: rotate or bias, not score.
     rules["kernels"] = (path["shaw"] == path["xl"] == path["cope"] == "reference"
