@@ -29,6 +29,7 @@ import numbers
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -43,18 +44,19 @@ from ..grid import grid_positions
 from ..longctx import method_config as smol_method_config
 from ..longctx import summarize, trainfree_reach
 from ..longctx_docs import context_value
+from ..recipe import base_lower_bound, longest_context
 from ..scaling import llama_cpp_rope_args
 from ..trainfree import ReRoPE, SelfExtend, max_relative_position
 from ..utils import load_csv, load_result, shown_command
 from . import grid_task
 from .evaluate import TAIL
 from .extend import METHOD_LABELS, method_config
-from ..recipe import base_lower_bound, longest_context
 from .results import Extension, Sweep, difference, load_bases, merge_extensions, merge_sweeps
 from .stats import bootstrap_ci, proportion_ci
 from .schemes import build_scheme, scheme_label
 
-__all__ = ["STORED_JSON", "STORED_CSV", "STORED_PARTS", "FIRST_PROTOCOL", "FIRST_BASELINES", "CHAPTER_PAGES", "FLAT_BITS", "BREAK_BITS", "TRAINFREE_LABELS",
+__all__ = ["STORED_JSON", "STORED_CSV", "STORED_PARTS", "FIRST_PROTOCOL", "FIRST_BASELINES", "CHAPTER_PAGES",
+           "FLAT_BITS", "BREAK_BITS", "TRAINFREE_LABELS",
            "Stored", "Table", "Section", "LabSweeps", "load_stored", "chapter_link",
            "verdict", "geometric_mean",
            "lab_sweeps", "provenance", "models", "encoder_table", "decoder_table", "extension_lab_table",
@@ -414,37 +416,72 @@ def geometric_mean(values: Sequence[float]) -> float:
 class LabSweeps:
     """Chapter 8's and chapter 11's sweeps, one protocol, seed by seed (:func:`lab_sweeps`).
 
+    Everything but the chapters' scheme lists and the recipe check is read from ``sweep``:
+    ``eval_config``, ``train_len``, ``multiples`` and ``lengths`` as it holds them, and, per
+    scheme, ``seeds`` (sorted; 3 to 5, the schemes have different numbers), ``tail`` (tail
+    bits per byte, ``(seeds, lengths)``), ``mean`` (``tail`` averaged over its seeds) and
+    ``far_trials`` (the passkey trials of the key farthest back at the longest length,
+    ``(seeds, trials)``, 1 where the key was copied exactly).
+
     Attributes:
-        sweep: the merged parts (a :class:`~companion.lab.results.Sweep`), for per-block values.
-        config: the training config of chapter 8's first run (the recipe every run shares).
-        eval_config: the evaluation config every part shares.
-        train_len: the training length, in bytes.
-        multiples: the evaluation lengths over the training length.
-        lengths: the evaluation lengths, in bytes.
-        seeds: per scheme, its seeds, sorted (3 to 5: the schemes have different numbers).
+        sweep: the merged parts (a :class:`~companion.lab.results.Sweep`).
         schemes8: chapter 8's schemes, in stored order.
         schemes11: chapter 11's schemes, in stored order.
-        tail: per scheme, tail bits per byte ``(seeds, lengths)``.
-        mean: per scheme, ``tail`` averaged over its seeds.
-        far_trials: per scheme, the passkey trials of the key farthest back at the longest
-            length, ``(seeds, trials)``, 1 where the key was copied exactly.
         checks: whether chapter 11's sweep used chapter 8's training recipe.
     """
 
     sweep: Any
-    config: dict[str, Any]
-    eval_config: dict[str, Any]
-    train_len: int
-    multiples: list[int]
-    lengths: list[int]
-    seeds: dict[str, list[int]]
     schemes8: list[str]
     schemes11: list[str]
-    # numpy arrays (typed Any: the API page cannot link numpy offline)
-    tail: dict[str, Any]
-    mean: dict[str, Any]
-    far_trials: dict[str, Any]
     checks: dict[str, bool]
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The training config of chapter 8's first run (the recipe every run shares)."""
+        return self.sweep.data["runs"][0]["config"]
+
+    @property
+    def eval_config(self) -> dict[str, Any]:
+        """The evaluation config every part shares."""
+        return self.sweep.eval_config
+
+    @property
+    def train_len(self) -> int:
+        """The training length, in bytes."""
+        return self.sweep.train_len
+
+    @property
+    def multiples(self) -> list[int]:
+        """The evaluation lengths over the training length."""
+        return self.sweep.multiples
+
+    @property
+    def lengths(self) -> list[int]:
+        """The evaluation lengths, in bytes."""
+        return self.sweep.lengths
+
+    @cached_property
+    def seeds(self) -> dict[str, list[int]]:
+        """Per scheme, its seeds, sorted."""
+        return {s: self.sweep.seeds(s) for s in self.schemes}
+
+    @cached_property
+    def tail(self) -> dict[str, Any]:
+        """Per scheme, tail bits per byte, ``(seeds, lengths)``."""
+        return {s: self.sweep.curve(s, "tail") for s in self.schemes}
+
+    @cached_property
+    def mean(self) -> dict[str, Any]:
+        """Per scheme, ``tail`` averaged over its seeds."""
+        return {s: t.mean(0) for s, t in self.tail.items()}
+
+    @cached_property
+    def far_trials(self) -> dict[str, Any]:
+        """Per scheme, ``(seeds, trials)``: 1 where the key farthest back was copied exactly at
+        the longest length."""
+        sw = self.sweep
+        i_far, j_last = sw.depths.index(min(sw.depths)), sw.passkey_lengths.index(sw.lengths[-1])
+        return {s: sw.passkey(s, "exact_trials")[:, j_last, i_far] for s in self.schemes}
 
     @property
     def schemes(self) -> list[str]:
@@ -539,17 +576,10 @@ def _lab_sweeps(stored: Stored) -> LabSweeps:
     recipe = {k: v for k, v in cfg.items() if k not in ("scheme", "seed")}
     checks = {"chapter 11's sweep trained with chapter 8's recipe":
               all({k: r["config"].get(k) for k in recipe} == recipe for n in parts11 for r in stored.data(n)["runs"])}
-    evc = sweep.eval_config
     if sweep.lengths[-1] not in sweep.passkey_lengths:
         raise ValueError(f"the passkey test must reach the longest length {sweep.lengths[-1]}, "
                          f"its lengths are {sweep.passkey_lengths}")
-    i_far, j_last = sweep.depths.index(min(sweep.depths)), sweep.passkey_lengths.index(sweep.lengths[-1])
-    schemes = schemes8 + schemes11
-    tail = {s: sweep.curve(s, "tail") for s in schemes}
-    far = {s: sweep.passkey(s, "exact_trials")[:, j_last, i_far] for s in schemes}
-    return LabSweeps(sweep, cfg, evc, sweep.train_len, list(sweep.multiples), list(sweep.lengths),
-                     {s: sweep.seeds(s) for s in schemes}, schemes8, schemes11, tail,
-                     {s: t.mean(0) for s, t in tail.items()}, far, checks)
+    return LabSweeps(sweep, schemes8, schemes11, checks)
 
 
 def _first_protocol(stored: Stored) -> SimpleNamespace:
@@ -794,6 +824,12 @@ def decoder_table(stored: Stored) -> Section:
     return Section([], facts, {}, tables)
 
 
+def _extension_parts(stored: Stored) -> list[tuple[str, tuple[Any, Any, Any]]]:
+    """Chapter 9's parts as :func:`companion.lab.results.merge_extensions` takes them, by name:
+    ``(name, (provenance, rows, data))`` for each CSV in ``09_extension/`` and its JSON."""
+    return [(n, (*stored.tables[n], stored.data(n))) for n in stored.parts("09_extension") if n in stored.tables]
+
+
 def _extension(stored: Stored) -> SimpleNamespace:
     """Chapter 9's run (the parts in ``09_extension/``, merged by
     :func:`companion.lab.results.merge_extensions`): ``ext`` (the
@@ -801,14 +837,13 @@ def _extension(stored: Stored) -> SimpleNamespace:
     seeds=None)``, one value per seed at ``s`` times the training length by default, and
     ``blocks`` with the same arguments, ``(seeds, blocks)``; its ``factors``, ``methods``,
     ``ft`` (the longest fine-tune), ``s_ft`` (the factor it was run at), ``tuned_methods``
-    (the methods fine-tuned there), ``tuned_seeds`` (the seeds all of them have), ``s_mid`` (the middle factor), ``length`` (the training
-    length) and ``head_dim``."""
+    (the methods fine-tuned there), ``tuned_seeds`` (the seeds all of them have), ``s_mid``
+    (the middle factor), ``data`` (the merged run's data) and ``head_dim``."""
     def build() -> SimpleNamespace:
         lab = lab_sweeps(stored)
-        parts = [n for n in stored.parts("09_extension") if n in stored.tables]
-        rows, data = merge_extensions([(*stored.tables[n], stored.data(n)) for n in parts], names=parts)
+        parts = _extension_parts(stored)
+        rows, data = merge_extensions([p for _, p in parts], names=[n for n, _ in parts])
         ext = Extension(rows, data)
-        length = lab.train_len
 
         def get(m: str, s: float, ft: int, length: int | None = None,
                 seeds: Sequence[int] | None = None) -> np.ndarray:
@@ -828,8 +863,9 @@ def _extension(stored: Stored) -> SimpleNamespace:
         tuned_methods = [m for m in ext.methods if ext.seeds(m, s_ft, ft)]
         tuned_seeds = sorted(set.intersection(*(set(ext.seeds(m, s_ft, ft)) for m in tuned_methods)))
         return SimpleNamespace(ext=ext, get=get, blocks=blocks, factors=factors, methods=ext.methods, ft=ft,
-                               s_ft=s_ft, tuned_methods=tuned_methods, tuned_seeds=tuned_seeds, s_mid=factors[len(factors) // 2],
-                               length=length, data=data, head_dim=lab.config["d_model"] // lab.config["n_heads"])
+                               s_ft=s_ft, tuned_methods=tuned_methods, tuned_seeds=tuned_seeds,
+                               s_mid=factors[len(factors) // 2], data=data,
+                               head_dim=lab.config["d_model"] // lab.config["n_heads"])
     return _memo(stored, "extension", build)
 
 
@@ -1014,8 +1050,10 @@ def _trainfree(stored: Stored) -> SimpleNamespace:
             return np.array([entry(r, n, multiple * lab.train_len)["tail_blocks"] for r in runs])
 
         def far_rate(n: str) -> Any:   # the farthest key copied exactly at the longest length, pooled
-            far = str(min(data["passkey_depths"])).removesuffix(".0")
-            hits = [h for r in runs for h in r["methods"][n]["passkey"][str(lab.lengths[-1])][far]["exact"]]
+            hits = []
+            for r in runs:
+                cells = r["methods"][n]["passkey"][str(lab.lengths[-1])]   # by depth, as the JSON keys it
+                hits += cells[min(cells, key=float)]["exact"]
             return proportion_ci(int(sum(hits)), len(hits))
 
         rope = lab.tail["rope"][[lab.seeds["rope"].index(sd) for sd in seeds], lab.i1]
@@ -1284,8 +1322,8 @@ def _grid_compare(g: SimpleNamespace, a: str, b: str, grid: str) -> Any:
     seeds = sorted({r["seed"] for r in g.data["runs"]})
 
     def hits(name: str) -> np.ndarray:
-        return np.stack([grid_task.unpack_hits(runs[name, sd]["hits"]["full"][grid],
-                                               runs[name, sd]["evaluated"]["full"][grid]) for sd in seeds]).astype(float)
+        full = [(runs[name, sd]["hits"]["full"][grid], runs[name, sd]["evaluated"]["full"][grid]) for sd in seeds]
+        return np.stack([grid_task.unpack_hits(h, n) for h, n in full]).astype(float)
     return bootstrap_ci(hits(a) - hits(b), resample_rows=True)
 
 
@@ -1385,7 +1423,9 @@ def rules_of_thumb(stored: Stored) -> Section:
     flat = [s for s, v in verdicts.items() if v == "flat"]
     breaks = [s for s, v in verdicts.items() if v == "breaks"]
     must_flat = ("alibi", "alibi-learned", "kerple-log", "shaw", "xl", "rope-window-nope")
-    flat_ci = max((lab.rise(s) for s in must_flat), key=lambda ci: ci.high)
+    flat_rise = {s: lab.rise(s) for s in must_flat}
+    steepest = max(flat_rise, key=lambda s: flat_rise[s].high)
+    flat_ci = flat_rise[steepest]
     by_long = sorted(tail, key=lambda s: mean[s][iL])
     best_long, runner = by_long[0], by_long[1]
     kl_alibi, kl_learned = lab.gap("alibi", "kerple-log", 1), lab.gap("kerple-log", "alibi-learned", 1)
@@ -1396,7 +1436,7 @@ def rules_of_thumb(stored: Stored) -> Section:
                                   and kl_alibi.above(0.03) and kl_alibi_seeds and kl_learned.above(0) and kl_every
                                   and nope_behind > 0.5 and ratio("alibi") > 0.9)
     f.update(r_flat="; ".join(label(s) for s in sorted(flat, key=lambda s: mean[s][iL]) if s != "nope"),
-             r_flat_ci=f"{label(must_flat[[lab.rise(s) for s in must_flat].index(flat_ci)])} {flat_ci.format(2)}",
+             r_flat_ci=f"{label(steepest)} {flat_ci.format(2)}",
              r_best_long=f"{label(best_long)} ({_f2(mean[best_long][iL])})",
              r_best_gap=f"{label(runner)} {lab.gap(runner, best_long).format(2)} behind",
              r_alibi_long=_f2(mean["alibi"][iL]), r_kl_alibi=kl_alibi.format(2), r_kl_learned=kl_learned.format(3),
@@ -1404,10 +1444,11 @@ def rules_of_thumb(stored: Stored) -> Section:
 
     # 3. Rotary variants break without an inference-time fix.
     must_break = ("rope", "p-rope", "p-rope-0.375", "rope-nope", "learned", "sinusoidal")
-    least = min(must_break, key=lambda s: lab.rise(s).estimate)
-    rules["rotary breaks"] = set(must_break) <= set(breaks) and lab.rise(least).above(BREAK_BITS)
+    break_rise = {s: lab.rise(s) for s in must_break}
+    least = min(break_rise, key=lambda s: break_rise[s].estimate)
+    rules["rotary breaks"] = set(must_break) <= set(breaks) and break_rise[least].above(BREAK_BITS)
     f.update(r_breaks=_listing(label(s) for s in breaks), r_rope_long=_f2(mean["rope"][iL]),
-             r_rope1=_f2(mean["rope"][i1]), r_break_least=f"{label(least)} {lab.rise(least).format(2)}")
+             r_rope1=_f2(mean["rope"][i1]), r_break_least=f"{label(least)} {break_rise[least].format(2)}")
 
     # 4. Flat is not long memory.
     blind = ("alibi", "alibi-learned", "kerple-log")
@@ -1425,9 +1466,10 @@ def rules_of_thumb(stored: Stored) -> Section:
     two = {}
     third = {}
     for s in big:
-        by_mean = sorted(x.methods, key=lambda m: get(m, s, 0).mean())
+        per_seed = {m: get(m, s, 0, seeds=seeds0) for m in x.methods}
+        by_mean = sorted(x.methods, key=lambda m: per_seed[m].mean())
         two[s] = set(by_mean[:2]) == {"yarn", "longrope"} and all(
-            "yarn" in sorted(x.methods, key=lambda m: get(m, s, 0)[i])[:2] for i in range(len(seeds0)))
+            "yarn" in sorted(x.methods, key=lambda m: per_seed[m][i])[:2] for i in range(len(seeds0)))
         third[s] = (by_mean[2], difference(blocks(by_mean[2], s, 0), blocks("yarn", s, 0)))
     yl = difference(blocks("yarn", s_mid, 0), blocks("longrope", s_mid, 0))
     best_smol = {w: min(sm.methods, key=lambda m: sm.ppl[w, m]["second_half"]) for w in sm.windows}
@@ -1534,15 +1576,17 @@ def rules_of_thumb(stored: Stored) -> Section:
 
 def _recipe(stored: Stored) -> SimpleNamespace:
     def build() -> SimpleNamespace:
-        folder = stored.data_dir
-        recipe = folder / RECIPE_DIR
+        recipe = stored.data_dir / RECIPE_DIR
         bases = load_bases(recipe / "bases.csv")
-        files = sorted((folder / "09_extension").glob("*.csv")) + [recipe / "abf.csv"]
-        abf = Extension(*merge_extensions([(*load_csv(f), load_result(f.with_suffix(".json"))["data"]) for f in files],
-                                          names=[f"{f.parent.name}/{f.stem}" for f in files]))
-        parts = [folder / "08_sweep" / "rope-alibi.json", folder / "11_sweep" / "b-hybrids.json",
-                 recipe / "hybrids.json"]
-        hybrids = Sweep(merge_sweeps([load_result(q) for q in parts], names=[f"{q.parent.name}/{q.name}" for q in parts]))
+        # chapter 9's parts (loaded already, as _extension reads them) and chapter 13's ABF run
+        ch9 = _extension_parts(stored)
+        abf_part = (*load_csv(recipe / "abf.csv"), load_result(recipe / "abf.json")["data"])
+        abf = Extension(*merge_extensions([p for _, p in ch9] + [abf_part],
+                                          names=[n for n, _ in ch9] + [f"{RECIPE_DIR}/abf"]))
+        parts = {"08_sweep/rope-alibi": stored.results["08_sweep/rope-alibi"],
+                 "11_sweep/b-hybrids": stored.results["11_sweep/b-hybrids"],
+                 f"{RECIPE_DIR}/hybrids": load_result(recipe / "hybrids.json")}
+        hybrids = Sweep(merge_sweeps(list(parts.values()), names=list(parts)))
         return SimpleNamespace(bases=bases, abf=abf, hybrids=hybrids)
 
     return _memo(stored, "recipe", build)
