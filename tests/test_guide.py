@@ -1382,10 +1382,10 @@ def test_rule_kernels_can_fail(stored):
 # ------------------------------------------------------------------------------------------------
 
 
-def _chapter13_glue() -> dict[str, str]:
-    """The values chapter 13's stored notebook glued, by name (the chapter computes them with
+def _chapter_glue(name: str) -> dict[str, str]:
+    """The values a chapter's stored notebook glued, by name (the chapter computes them with
     its own code; the guide must quote the same numbers)."""
-    nb = json.loads((REPO / "chapters" / "13_long_context_recipe.ipynb").read_text(encoding="utf-8"))
+    nb = json.loads((REPO / "chapters" / f"{name}.ipynb").read_text(encoding="utf-8"))
     found = {}
     for cell in nb["cells"]:
         for out in cell.get("outputs", []):
@@ -1395,10 +1395,17 @@ def _chapter13_glue() -> dict[str, str]:
     return found
 
 
+def test_grid_rule_quotes_chapter_12s_own_intervals(stored):
+    """The guide repeats chapter 12's two-stage bootstrap (the chapter's code is in its notebook):
+    both must give the same interval for axial RoPE against RoPE-Mixed at base 100, G = 12."""
+    ch12 = _chapter_glue("12_grids")
+    assert guide.rules_of_thumb(stored).facts["r_axmix"] == ch12["mix12_100"]
+
+
 def test_recipe_rules_quote_chapter_13s_own_numbers(stored):
     s = guide.recipe_rules(stored)
     assert not s.failed and len(s.checks) == 5
-    ch13 = _chapter13_glue()
+    ch13 = _chapter_glue("13_long_context_recipe")
     assert s.facts["rc_lg_rise"] == ch13["lg_rise"] and s.facts["rc_rope_rise"] == ch13["rope_rise16"]
     assert s.facts["rc_irope_cost"] == ch13["irope_cost"] and s.facts["rc_rise4"] == ch13["bases_rise4"]
     assert s.facts["rc_yarn_2"].split(" ")[0] == ch13["abf_yarn_2"]
